@@ -1,0 +1,71 @@
+"""crdtstore: one shared, journaled CRDT working record per run, for concurrent AI agents.
+
+Quick use::
+
+    import crdtstore
+
+    async with crdtstore.open_store("sqlite:///runs/store.db") as store:
+        async with store.open_record(run="r1", agent="planner", source="model") as rec:
+            await rec.map("findings").set("f1", {"text": "the cache is cold"})
+            await rec.list("log").append("looked at the cache")
+            await rec.flush()
+
+Synchronous callers use :mod:`crdtstore.blocking`.
+"""
+
+from ._collections import ListCollection as ListCollection
+from ._collections import MapCollection as MapCollection
+from ._collections import TextCollection as TextCollection
+from ._errors import BackendError as BackendError
+from ._errors import CollectionKindMismatch as CollectionKindMismatch
+from ._errors import CrdtStoreError as CrdtStoreError
+from ._errors import InvalidName as InvalidName
+from ._errors import InvalidUpdate as InvalidUpdate
+from ._errors import InvalidValue as InvalidValue
+from ._errors import JournalCorrupt as JournalCorrupt
+from ._errors import PayloadTooLarge as PayloadTooLarge
+from ._errors import StoreClosed as StoreClosed
+from ._errors import UnknownRun as UnknownRun
+from ._errors import UnsupportedURL as UnsupportedURL
+from ._journal import JournalBackend as JournalBackend
+from ._journal import JournalEntry as JournalEntry
+from ._journal import RunInfo as RunInfo
+from ._models import Change as Change
+from ._models import HistoryEntry as HistoryEntry
+from ._models import Provenance as Provenance
+from ._record import Record as Record
+from ._replica import Replica as Replica
+from ._replica import tree_merge as tree_merge
+from ._store import CompactionResult as CompactionResult
+from ._store import Store as Store
+from ._store import open_store as open_store
+
+__version__ = "0.1.0.dev0"
+
+__all__ = [
+    "BackendError",
+    "Change",
+    "CollectionKindMismatch",
+    "CompactionResult",
+    "CrdtStoreError",
+    "HistoryEntry",
+    "InvalidName",
+    "InvalidUpdate",
+    "InvalidValue",
+    "JournalBackend",
+    "JournalCorrupt",
+    "JournalEntry",
+    "ListCollection",
+    "MapCollection",
+    "PayloadTooLarge",
+    "Provenance",
+    "Record",
+    "Replica",
+    "RunInfo",
+    "StoreClosed",
+    "TextCollection",
+    "UnknownRun",
+    "UnsupportedURL",
+    "open_store",
+    "tree_merge",
+]

@@ -1,0 +1,274 @@
+"""Typed views of a record's root collections: maps, lists and texts.
+
+Every write is validated completely before the document is touched (pycrdt has no rollback),
+produces one journal entry, and is described by an *effect* (see ``_journal``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from ._errors import InvalidValue
+from ._names import check_key
+from ._replica import text_diff
+from ._values import from_stored, to_stored
+
+if TYPE_CHECKING:
+    from ._models import HistoryEntry, Provenance
+    from ._record import Record
+
+_MISSING: Any = object()
+
+
+class _Collection:
+    kind = ""
+
+    def __init__(self, rec: Record, name: str, root: Any) -> None:
+        self._rec = rec
+        self.name = name
+        self._root = root
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} of run {self._rec.run!r}>"
+
+
+class MapCollection(_Collection):
+    """A map of string keys to JSON-like values (last writer wins per key)."""
+
+    kind = "map"
+
+    # -- reads --
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The value at ``key``, or ``default``."""
+        value = self._root.get(key, _MISSING)
+        return default if value is _MISSING else from_stored(value)
+
+    def __getitem__(self, key: str) -> Any:
+        value = self._root.get(key, _MISSING)
+        if value is _MISSING:
+            raise KeyError(key)
+        return from_stored(value)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._root
+
+    def __len__(self) -> int:
+        return len(self._root)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._root.keys()))
+
+    def keys(self) -> list[str]:
+        return list(self._root.keys())
+
+    def values(self) -> list[Any]:
+        return [from_stored(v) for v in self._root.values()]
+
+    def items(self) -> list[tuple[str, Any]]:
+        return [(k, from_stored(v)) for k, v in self._root.items()]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.items())
+
+    def provenance(self, key: str) -> Provenance | None:
+        """Agent, source kind, time and journal position of the current value at ``key``."""
+        return self._rec.provenance(self.name, key)
+
+    async def history(self, key: str) -> list[HistoryEntry]:
+        """Every journaled write to ``key``, overwritten ones included, oldest first."""
+        return await self._rec.history(self.name, key)
+
+    # -- writes --
+
+    async def set(self, key: str, value: Any) -> None:
+        """Set ``key`` to ``value``.
+
+        Raises:
+            InvalidName: ``key`` is not a non-empty string of at most 1024 characters.
+            InvalidValue: ``value`` is not JSON-like (see ``crdtstore._values``).
+        """
+        check_key(key)
+        stored = to_stored(value)
+        root = self._root
+
+        def apply() -> None:
+            root[key] = stored
+
+        await self._rec._write([["map", self.name, "set", key, stored]], apply)
+
+    async def update(self, values: Mapping[str, Any]) -> None:
+        """Set several keys in one transaction (one journal entry)."""
+        items = [(check_key(k), to_stored(v)) for k, v in dict(values).items()]
+        if not items:
+            return
+        root = self._root
+
+        def apply() -> None:
+            for k, v in items:
+                root[k] = v
+
+        await self._rec._write([["map", self.name, "set", k, v] for k, v in items], apply)
+
+    async def delete(self, key: str) -> bool:
+        """Delete ``key``; return whether it was there (nothing is journaled if not)."""
+        check_key(key)
+        if key not in self._root:
+            return False
+        root = self._root
+
+        def apply() -> None:
+            del root[key]
+
+        await self._rec._write([["map", self.name, "del", key]], apply)
+        return True
+
+
+class ListCollection(_Collection):
+    """An ordered list of JSON-like values; concurrent inserts all survive."""
+
+    kind = "list"
+
+    def __len__(self) -> int:
+        return len(self._root)
+
+    def __getitem__(self, index: int) -> Any:
+        return from_stored(self._root[index])
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.to_list())
+
+    def to_list(self) -> list[Any]:
+        return [from_stored(v) for v in self._root]
+
+    def _check_index(self, index: int, *, end: bool) -> int:
+        if type(index) is not int:
+            raise InvalidValue(f"list index must be an int, not {type(index).__name__}")
+        n = len(self._root)
+        if index < 0:
+            index += n
+        if not 0 <= index <= (n if end else n - 1):
+            raise IndexError(f"list index {index} out of range for length {n}")
+        return index
+
+    async def append(self, value: Any) -> None:
+        """Append ``value``. Raises ``InvalidValue`` for a value that is not JSON-like."""
+        await self.extend([value])
+
+    async def extend(self, values: Iterable[Any]) -> None:
+        """Append several values in one transaction."""
+        stored = [to_stored(v) for v in values]
+        if not stored:
+            return
+        root = self._root
+        at = len(root)
+
+        def apply() -> None:
+            root.extend(stored)
+
+        await self._rec._write([["list", self.name, "ins", at, stored]], apply)
+
+    async def insert(self, index: int, value: Any) -> None:
+        """Insert ``value`` before ``index`` (negative counts from the end).
+
+        Raises:
+            IndexError: ``index`` out of range. InvalidValue: not JSON-like.
+        """
+        index = self._check_index(index, end=True)
+        stored = to_stored(value)
+        root = self._root
+
+        def apply() -> None:
+            root.insert(index, stored)
+
+        await self._rec._write([["list", self.name, "ins", index, [stored]]], apply)
+
+    async def delete(self, index: int, count: int = 1) -> None:
+        """Delete ``count`` items from ``index``.
+
+        Raises:
+            IndexError: the range is not inside the list.
+        """
+        index = self._check_index(index, end=False)
+        if type(count) is not int or count < 1 or index + count > len(self._root):
+            raise IndexError(f"cannot delete {count!r} items at {index} of {len(self._root)}")
+        root = self._root
+
+        def apply() -> None:
+            del root[index : index + count]
+
+        await self._rec._write([["list", self.name, "del", index, count]], apply)
+
+
+class TextCollection(_Collection):
+    """Collaborative free text, changed by character edits, never by whole rewrites."""
+
+    kind = "text"
+
+    def __str__(self) -> str:
+        return str(self._root)
+
+    def read(self) -> str:
+        return str(self._root)
+
+    def __len__(self) -> int:
+        return len(self._root)
+
+    async def edit(self, new_text: str) -> None:
+        """Make the text equal ``new_text`` by the minimal character edits.
+
+        An agent that "rewrites" the text only changes what differs, so concurrent edits by
+        others to other parts survive (the ``rewrite-drop`` failure mode).
+        """
+        if not isinstance(new_text, str):
+            raise InvalidValue(f"text must be a str, not {type(new_text).__name__}")
+        if "\x00" in new_text:
+            raise InvalidValue("text must not contain NUL")
+        edits = text_diff(str(self._root), new_text)
+        if not edits:
+            return
+        root = self._root
+
+        def apply() -> None:
+            for kind, at, arg in edits:
+                if kind == "del":
+                    del root[at : at + arg]
+                else:
+                    root.insert(at, arg)
+
+        await self._rec._write([["text", self.name, k, at, arg] for k, at, arg in edits], apply)
+
+    async def insert(self, index: int, text: str) -> None:
+        """Insert ``text`` at character ``index``. Raises ``IndexError``, ``InvalidValue``."""
+        if not isinstance(text, str) or "\x00" in text:
+            raise InvalidValue("text must be a str without NUL")
+        n = len(self._root)
+        if type(index) is not int or not 0 <= index <= n:
+            raise IndexError(f"text index {index!r} out of range for length {n}")
+        if not text:
+            return
+        root = self._root
+
+        def apply() -> None:
+            root.insert(index, text)
+
+        await self._rec._write([["text", self.name, "ins", index, text]], apply)
+
+    async def append(self, text: str) -> None:
+        """Append ``text`` at the end."""
+        await self.insert(len(self._root), text)
+
+    async def delete(self, index: int, count: int) -> None:
+        """Delete ``count`` characters from ``index``. Raises ``IndexError``."""
+        n = len(self._root)
+        if type(index) is not int or type(count) is not int or index < 0 or count < 1 or (
+            index + count > n
+        ):
+            raise IndexError(f"cannot delete {count!r} characters at {index!r} of {n}")
+        root = self._root
+
+        def apply() -> None:
+            del root[index : index + count]
+
+        await self._rec._write([["text", self.name, "del", index, count]], apply)

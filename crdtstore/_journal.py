@@ -1,0 +1,201 @@
+"""The journal: update deltas with provenance, and the interface every backend implements.
+
+A journal is, per run, a sequence of entries numbered 1, 2, 3, ... (the journal position,
+``seq``). Each entry is one local transaction of one record: its pycrdt v1 update bytes, who
+wrote it (agent, source kind, the writing Doc's client id), when (wall time), a checksum, and its
+*effect*: the operations it made, as JSON (used for history, change notification and audit
+without decoding update bytes).
+
+An effect is a list of operations, each a list::
+
+    ["map", collection, "set", key, value]
+    ["map", collection, "del", key]
+    ["list", collection, "ins", index, [values...]]
+    ["list", collection, "del", index, count]
+    ["text", collection, "ins", index, text]
+    ["text", collection, "del", index, count]
+
+The order of a run's journal is a causal order: a writer appends an entry only after the entries
+it has applied, and its own entries in the order it made them. Applying entries one by one in
+``seq`` order is therefore always safe (PYCRDT-NOTES hazard 1).
+"""
+
+from __future__ import annotations
+
+import zlib
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any, Literal, NamedTuple
+
+from pydantic import BaseModel, ConfigDict
+
+Source = Literal["tool", "model", "user", "system"]
+SOURCES: frozenset[str] = frozenset(("tool", "model", "user", "system"))
+Durability = Literal["durable", "batched"]
+Op = list[Any]
+
+
+def checksum(update: bytes) -> int:
+    """The checksum stored with every journal entry (CRC-32 of the update bytes)."""
+    return zlib.crc32(update)
+
+
+class NewEntry(NamedTuple):
+    """An entry about to be appended (no journal position yet)."""
+
+    agent: str
+    source: str
+    client_id: int
+    wall_time: float
+    update: bytes
+    effect: list[Op]
+    checksum: int
+
+
+class Row(NamedTuple):
+    """An entry as a backend returns it (internal, cheap to build)."""
+
+    seq: int
+    agent: str
+    source: str
+    client_id: int
+    wall_time: float
+    update: bytes
+    effect: list[Op]
+    checksum: int
+
+
+class SnapshotRow(NamedTuple):
+    """A compacted prefix of a run's journal: the merged update of entries ``1..seq``."""
+
+    seq: int
+    update: bytes
+    state: dict[str, Any]  # crdtstore's own per-record state at that point (provenance index)
+    created: float
+
+
+class RunRow(NamedTuple):
+    tenant: str
+    run: str
+    created: float
+    head: int
+    snapshot_seq: int
+
+
+class JournalEntry(BaseModel):
+    """One journal entry, as the public API returns it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run: str
+    seq: int
+    agent: str
+    source: str
+    client_id: int
+    wall_time: float
+    size: int
+    effect: list[Op]
+    update: bytes
+
+    @classmethod
+    def from_row(cls, run: str, row: Row) -> JournalEntry:
+        return cls(
+            run=run,
+            seq=row.seq,
+            agent=row.agent,
+            source=row.source,
+            client_id=row.client_id,
+            wall_time=row.wall_time,
+            size=len(row.update),
+            effect=row.effect,
+            update=row.update,
+        )
+
+
+class RunInfo(BaseModel):
+    """What a store knows about one run."""
+
+    model_config = ConfigDict(frozen=True)
+
+    tenant: str
+    run: str
+    created: float
+    head: int
+    snapshot_seq: int
+
+
+class JournalBackend(ABC):
+    """Where journals live. One instance per open store, used from one event loop.
+
+    Implementations translate their driver's errors into :class:`BackendError`. All methods
+    take an already validated tenant and run name.
+    """
+
+    name: str = "journal"
+
+    @abstractmethod
+    async def open(self) -> None:
+        """Connect (create files, tables) before first use."""
+
+    @abstractmethod
+    async def aclose(self) -> None:
+        """Release resources. Idempotent."""
+
+    @abstractmethod
+    async def ensure_run(self, tenant: str, run: str, *, create: bool) -> RunRow:
+        """Return the run, creating it if ``create``; raise ``UnknownRun`` otherwise."""
+
+    @abstractmethod
+    async def get_run(self, tenant: str, run: str) -> RunRow | None:
+        """Return the run or None."""
+
+    @abstractmethod
+    async def list_runs(self, tenant: str) -> list[RunRow]:
+        """Every run of the tenant, oldest first."""
+
+    @abstractmethod
+    async def append(
+        self, tenant: str, run: str, entries: Sequence[NewEntry], *, durable: bool
+    ) -> list[int]:
+        """Append entries atomically, in order; return their journal positions.
+
+        With ``durable`` the call returns only once the entries survive power loss; without,
+        once they survive the death of the calling process.
+        """
+
+    @abstractmethod
+    async def read(self, tenant: str, run: str, after: int, limit: int = 10_000) -> list[Row]:
+        """Entries with ``seq > after`` in ``seq`` order (at most ``limit``)."""
+
+    @abstractmethod
+    async def head(self, tenant: str, run: str) -> int:
+        """The highest journal position of the run (0 when empty)."""
+
+    @abstractmethod
+    async def load_snapshot(self, tenant: str, run: str) -> SnapshotRow | None:
+        """The newest snapshot of the run, or None."""
+
+    @abstractmethod
+    async def save_snapshot(
+        self, tenant: str, run: str, snapshot: SnapshotRow, *, drop_journal: bool
+    ) -> None:
+        """Store a snapshot (replacing older ones) and optionally delete the entries it covers,
+        in one transaction."""
+
+    @abstractmethod
+    async def history(self, tenant: str, run: str, collection: str, key: str) -> list[Row]:
+        """Entries whose effect sets or deletes ``key`` of map ``collection``, oldest first."""
+
+    @abstractmethod
+    async def delete_run(self, tenant: str, run: str) -> bool:
+        """Remove every byte of the run; return whether it existed."""
+
+    def notify_url(self) -> str | None:
+        """An identifier shared by every process that opens the same backend, used to wake
+        readers in other processes; None when the backend lives in this process only."""
+        return None
+
+
+def effect_keys(effect: Sequence[Op]) -> list[tuple[str, str]]:
+    """The (collection, key) pairs of map operations in an effect."""
+    return [(op[1], op[3]) for op in effect if op[0] == "map"]

@@ -1,0 +1,51 @@
+"""Frozen values that the public API returns."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+
+class Provenance(BaseModel):
+    """Who wrote a value, as what, when, and where it sits in the journal.
+
+    ``seq`` is None while the write is not yet in the journal (a batched write before flush).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    run: str
+    agent: str
+    source: str
+    wall_time: float
+    seq: int | None
+
+
+class HistoryEntry(BaseModel):
+    """One write to a map key, read from the journal."""
+
+    model_config = ConfigDict(frozen=True)
+
+    value: Any
+    deleted: bool
+    provenance: Provenance
+
+
+class Change(BaseModel):
+    """What one transaction changed in one collection.
+
+    ``keys`` names the map keys written (maps only); ``ops`` is that part of the entry's
+    effect. ``local`` is True for writes made through this record.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    collection: str
+    kind: str
+    keys: tuple[str, ...]
+    agent: str
+    source: str
+    seq: int | None
+    local: bool
+    ops: tuple[tuple[Any, ...], ...]

@@ -1,0 +1,480 @@
+"""The record: one run's CRDT document, opened as one writer, kept in step with the journal.
+
+A :class:`Record` owns a :class:`~crdtstore._replica.Replica` and two background tasks:
+
+- the *committer* appends local entries to the journal in the order they were made (group
+  commit: whatever accumulated while the previous append ran goes in the next one);
+- the *tail* applies entries other writers appended, in journal order, woken by the store's
+  notifier (and by a slow poll, in case a wake-up was lost).
+
+Reads are synchronous and local. Writes are ``async``: they apply to the local document at
+once and then, in ``durable`` mode, wait for the journal commit; in ``batched`` mode they return
+at once and :meth:`Record.flush` is the durability barrier.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from anyio.abc import TaskGroup
+
+from ._collections import ListCollection, MapCollection, TextCollection
+from ._errors import BackendError, CrdtStoreError, StoreClosed
+from ._journal import SOURCES, Durability, JournalEntry, NewEntry, Op
+from ._models import Change, HistoryEntry, Provenance
+from ._names import check_name
+from ._replica import Meta, Replica, now
+
+if TYPE_CHECKING:
+    from ._notify import Watch
+    from ._store import Store
+
+log = logging.getLogger("crdtstore.record")
+
+READ_CHUNK = 10_000
+
+
+class _Subscriber:
+    __slots__ = ("event", "lost", "queue")
+
+    def __init__(self, maxlen: int) -> None:
+        self.queue: deque[Change] = deque(maxlen=maxlen)
+        self.event = anyio.Event()
+        self.lost = 0
+
+
+class Record:
+    """A run's record opened as one writer. Use as ``async with store.open_record(...)``.
+
+    Args:
+        store: the open store.
+        run: the run name.
+        agent: the writer's agent id (goes into provenance).
+        source: the writer's source kind: ``tool``, ``model``, ``user`` or ``system``.
+        durability: ``batched`` (writes return at once, :meth:`flush` waits for the journal)
+            or ``durable`` (each write returns once journaled). Defaults to the store's.
+        create: create the run if it does not exist (else :class:`UnknownRun`).
+
+    Raises:
+        InvalidName: a bad run or agent name (nothing is created).
+        InvalidValue: an unknown source kind or durability.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        run: str,
+        agent: str,
+        source: str = "model",
+        *,
+        durability: Durability | None = None,
+        create: bool = True,
+        max_pending: int = 10_000,
+    ) -> None:
+        from ._errors import InvalidValue
+
+        self.run = check_name("run", run)
+        self.agent = check_name("agent", agent)
+        if source not in SOURCES:
+            raise InvalidValue(f"source must be one of {sorted(SOURCES)}, not {source!r}")
+        durability = durability or store.durability
+        if durability not in ("durable", "batched"):
+            raise InvalidValue(f"durability must be 'durable' or 'batched', not {durability!r}")
+        self.source = source
+        self.durability: Durability = durability
+        self.tenant = store.tenant
+        self._store = store
+        self._backend = store._backend
+        self._create = create
+        self._max_pending = max_pending
+        self.replica = Replica(max_update=store.max_update)
+        self._collections: dict[tuple[str, str], Any] = {}
+        self._pending: deque[tuple[NewEntry, Meta]] = deque()
+        self._written = 0  # local entries made
+        self._committed = 0  # local entries journaled
+        self._commit_event = anyio.Event()
+        self._pending_event = anyio.Event()
+        self._failure: BaseException | None = None
+        self.applied_seq = 0  # highest journal position this replica has taken in
+        self._subscribers: list[_Subscriber] = []
+        self._txn_task: int | None = None
+        self._txn_ops: list[Op] = []
+        self._txn_meta: Meta | None = None
+        self._txn_idle = anyio.Event()
+        self._txn_idle.set()
+        self._tg: TaskGroup | None = None
+        self._watch: Watch | None = None
+        self._state = "new"
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def start(self) -> Record:
+        """Load the record (snapshot + journal) and start syncing. Prefer ``async with``.
+
+        ``start()`` and :meth:`aclose` must be called from the same task.
+        """
+        if self._state != "new":
+            raise StoreClosed("record")
+        self._store._check_open()
+        await self._backend.ensure_run(self.tenant, self.run, create=self._create)
+        await self._load()
+        self._watch = self._store._notifier.watch(self.tenant, self.run)
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        self._tg.start_soon(self._committer)
+        self._tg.start_soon(self._tail)
+        self._state = "open"
+        self._store._records.add(self)
+        return self
+
+    async def aclose(self) -> None:
+        """Flush what was written and stop syncing. Idempotent; always closes."""
+        if self._state != "open":
+            self._state = "closed"
+            return
+        try:
+            with anyio.CancelScope(shield=True):
+                try:
+                    await self.flush()
+                except CrdtStoreError as exc:
+                    log.error("record %s/%s closed with unjournaled writes: %s",
+                              self.tenant, self.run, exc)
+        finally:
+            self._state = "closed"
+            self._store._records.discard(self)
+            if self._watch is not None:
+                self._store._notifier.unwatch(self.tenant, self.run)
+            for sub in self._subscribers:
+                sub.event.set()
+            assert self._tg is not None
+            self._tg.cancel_scope.cancel()
+            await self._tg.__aexit__(None, None, None)
+
+    async def __aenter__(self) -> Record:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def _check_open(self) -> None:
+        if self._state != "open":
+            raise StoreClosed("record")
+        if self._failure is not None:
+            raise self._failure
+
+    async def _load(self) -> None:
+        snap = await self._backend.load_snapshot(self.tenant, self.run)
+        if snap is not None:
+            self.replica.apply_update(snap.update)
+            self.replica.import_state(snap.state)
+            self.applied_seq = snap.seq
+        while True:
+            rows = await self._backend.read(self.tenant, self.run, self.applied_seq, READ_CHUNK)
+            if not rows:
+                break
+            self.replica.apply_rows(rows, self.run)
+            self.applied_seq = rows[-1].seq
+
+    # -- collections ----------------------------------------------------------------------------
+
+    def map(self, name: str) -> MapCollection:
+        """The map collection ``name`` (created on first write).
+
+        Raises:
+            InvalidName: a bad collection name.
+            CollectionKindMismatch: ``name`` is a list or a text.
+        """
+        return self._collection(name, "map", MapCollection)  # type: ignore[no-any-return]
+
+    def list(self, name: str) -> ListCollection:
+        """The list collection ``name`` (created on first write). Raises as :meth:`map`."""
+        return self._collection(name, "list", ListCollection)  # type: ignore[no-any-return]
+
+    def text(self, name: str) -> TextCollection:
+        """The text collection ``name`` (created on first write). Raises as :meth:`map`."""
+        return self._collection(name, "text", TextCollection)  # type: ignore[no-any-return]
+
+    def _collection(self, name: str, kind: str, cls: Callable[..., Any]) -> Any:
+        got = self._collections.get((name, kind))
+        if got is None:
+            check_name("collection", name)
+            root = self.replica.root(name, kind)
+            got = self._collections[(name, kind)] = cls(self, name, root)
+        return got
+
+    def collections(self) -> dict[str, str]:
+        """Every collection of the record: name -> kind (``map``, ``list``, ``text``)."""
+        return self.replica.collections()
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain JSON-able snapshot of the whole record: ``{collection: value}``."""
+        return self.replica.to_dict()
+
+    # -- writing --------------------------------------------------------------------------------
+
+    def transaction(self) -> _Transaction:
+        """Group several writes into one journal entry (one update delta)::
+
+            async with rec.transaction():
+                await rec.map("a").set("x", 1)
+                await rec.list("log").append("x set")
+
+        Writes of other tasks wait until the transaction ends. There is no rollback (pycrdt
+        has none): if the block raises, the writes made before the error stay and are
+        journaled.
+        """
+        return _Transaction(self)
+
+    async def _write(self, ops: list[Op], apply: Callable[[], None]) -> None:
+        """Apply a validated local write and queue its journal entry."""
+        self._check_open()
+        if self._txn_task is not None:
+            if anyio.get_current_task().id == self._txn_task:
+                assert self._txn_meta is not None
+                self.replica.do(ops, apply, self._txn_meta)
+                self._txn_ops.extend(ops)
+                return
+            while self._txn_task is not None:
+                await self._txn_idle.wait()
+            self._check_open()
+        meta = Meta(self.agent, self.source, now(), None)
+        self.replica.begin()
+        try:
+            self.replica.do(ops, apply, meta)
+        finally:
+            update = self.replica.end()
+            if update is not None:
+                self._enqueue(update, ops, meta)
+        await self._after_write()
+
+    def _enqueue(self, update: bytes, ops: list[Op], meta: Meta) -> None:
+        entry = self.replica.entry(self.agent, self.source, update, ops, meta.wall_time)
+        self._pending.append((entry, meta))
+        self._written += 1
+        if not self._pending_event.is_set():
+            self._pending_event.set()
+        if self._subscribers:
+            self._emit(ops, self.agent, self.source, None, local=True)
+
+    async def _after_write(self) -> None:
+        if self.durability == "durable":
+            await self._wait_committed(self._written)
+        elif len(self._pending) > self._max_pending:
+            # backpressure: a writer far ahead of the journal waits for it
+            await self._wait_committed(self._written - self._max_pending // 2)
+
+    async def _wait_committed(self, target: int) -> None:
+        while self._committed < target:
+            if self._failure is not None:
+                raise self._failure
+            if self._state == "closed":
+                raise StoreClosed("record")
+            await self._commit_event.wait()
+        if self._failure is not None and self._committed < target:
+            raise self._failure
+
+    async def flush(self) -> None:
+        """Return once everything written through this record so far is in the journal.
+
+        Raises:
+            BackendError: the journal could not be written (the writes stay in the local
+                document and are retried by the next flush).
+        """
+        if self._state == "new":
+            raise StoreClosed("record")
+        await self._wait_committed(self._written)
+
+    async def _committer(self) -> None:
+        backoff = 0.01
+        while True:
+            if not self._pending:
+                self._pending_event = anyio.Event()
+                await self._pending_event.wait()
+                continue
+            batch = list(self._pending)
+            try:
+                seqs = await self._backend.append(
+                    self.tenant, self.run, [e for e, _ in batch],
+                    durable=self.durability == "durable",
+                )
+            except CrdtStoreError as exc:
+                # Keep the entries queued and retry: a locked or full disk may recover. Writers
+                # waiting for durability learn of the failure now, not after the retries.
+                log.warning("journal append failed (%s); retrying in %.2fs", exc, backoff)
+                self._failure = exc if isinstance(exc, BackendError) else BackendError(
+                    self._backend.name, str(exc))
+                self._fire_commit()
+                await anyio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+                continue
+            backoff = 0.01
+            self._failure = None
+            for _ in batch:
+                self._pending.popleft()
+            for (_, meta), seq in zip(batch, seqs, strict=True):
+                meta.seq = seq
+            self._committed += len(batch)
+            self._fire_commit()
+            self._store._notifier.notify(self.tenant, self.run)
+
+    def _fire_commit(self) -> None:
+        old, self._commit_event = self._commit_event, anyio.Event()
+        old.set()
+
+    # -- reading others' writes -----------------------------------------------------------------
+
+    async def _tail(self) -> None:
+        assert self._watch is not None
+        poll = self._store.poll_interval
+        while True:
+            event = self._watch.event  # take it before reading: no wake-up can fall between
+            rows = await self._backend.read(self.tenant, self.run, self.applied_seq, READ_CHUNK)
+            if rows:
+                await self._apply_remote(rows)
+                if len(rows) == READ_CHUNK:
+                    continue
+            with anyio.move_on_after(poll):
+                await event.wait()
+
+    async def _apply_remote(self, rows: list[Any]) -> None:
+        while self._txn_task is not None:  # never mix a remote update into a local txn
+            await self._txn_idle.wait()
+        if rows[0].seq > self.applied_seq + 1:
+            # the entries we missed were compacted away; the snapshot holds them
+            snap = await self._backend.load_snapshot(self.tenant, self.run)
+            if snap is not None:
+                self.replica.apply_update(snap.update)
+        own = self.replica.client_id
+        foreign = [r for r in rows if r.client_id != own]
+        if foreign:
+            self.replica.apply_rows(foreign, self.run)
+        self.applied_seq = rows[-1].seq
+        if self._subscribers:
+            for r in foreign:
+                self._emit(r.effect, r.agent, r.source, r.seq, local=False)
+
+    async def sync(self) -> int:
+        """Apply every entry the journal holds now; return the journal position reached.
+
+        Useful before a decision that must see the latest writes of other processes (the
+        tail does this in the background within milliseconds anyway).
+        """
+        self._check_open()
+        while True:
+            rows = await self._backend.read(self.tenant, self.run, self.applied_seq, READ_CHUNK)
+            if not rows:
+                return self.applied_seq
+            await self._apply_remote(rows)
+
+    # -- change notification --------------------------------------------------------------------
+
+    def _emit(self, ops: list[Op], agent: str, source: str, seq: int | None, *, local: bool) -> None:
+        grouped: dict[tuple[str, str], list[Op]] = {}
+        for op in ops:
+            grouped.setdefault((op[1], op[0]), []).append(op)
+        for (name, kind), cops in grouped.items():
+            keys = tuple(dict.fromkeys(op[3] for op in cops)) if kind == "map" else ()
+            change = Change(
+                collection=name, kind=kind, keys=keys, agent=agent, source=source, seq=seq,
+                local=local, ops=tuple(tuple(op) for op in cops),
+            )
+            for sub in self._subscribers:
+                if len(sub.queue) == sub.queue.maxlen:
+                    sub.lost += 1
+                sub.queue.append(change)
+                sub.event.set()
+
+    async def changes(self, *, local: bool = True, buffer: int = 1024) -> AsyncIterator[Change]:
+        """Yield a :class:`Change` per collection touched by each transaction, local and
+        remote, from now on, until the record closes.
+
+        The buffer is bounded: a consumer that falls more than ``buffer`` changes behind
+        loses the oldest ones (counted in the log) rather than growing memory; re-read the
+        record (``to_dict()``) after such a gap.
+        """
+        sub = _Subscriber(buffer)
+        self._subscribers.append(sub)
+        try:
+            while self._state == "open":
+                if not sub.queue:
+                    sub.event = anyio.Event()
+                    await sub.event.wait()
+                    continue
+                if sub.lost:
+                    log.warning("change consumer lost %d changes (buffer %d)", sub.lost, buffer)
+                    sub.lost = 0
+                change = sub.queue.popleft()
+                if local or not change.local:
+                    yield change
+        finally:
+            self._subscribers.remove(sub)
+
+    # -- provenance -----------------------------------------------------------------------------
+
+    def provenance(self, collection: str, key: str) -> Provenance | None:
+        """Who wrote the current value of ``collection[key]`` (None if never written)."""
+        meta = self.replica.index.get(collection, {}).get(key)
+        if meta is None:
+            return None
+        return Provenance(
+            run=self.run, agent=meta.agent, source=meta.source, wall_time=meta.wall_time,
+            seq=meta.seq,
+        )
+
+    async def history(self, collection: str, key: str) -> list[HistoryEntry]:
+        """Every journaled write to ``collection[key]``, overwritten ones included, oldest
+        first. Call :meth:`flush` first to include this record's batched writes."""
+        self._check_open()
+        check_name("collection", collection)
+        return await self._store.history(self.run, collection, key)
+
+    async def journal(self, after: int = 0, limit: int = 1000) -> list[JournalEntry]:
+        """Journal entries of this run after position ``after``."""
+        self._check_open()
+        rows = await self._backend.read(self.tenant, self.run, after, limit)
+        return [JournalEntry.from_row(self.run, r) for r in rows]
+
+    def __repr__(self) -> str:
+        return (f"<Record {self.tenant}/{self.run} agent={self.agent!r} {self._state}"
+                f" seq={self.applied_seq}>")
+
+
+class _Transaction:
+    def __init__(self, rec: Record) -> None:
+        self._rec = rec
+
+    async def __aenter__(self) -> Record:
+        rec = self._rec
+        rec._check_open()
+        me = anyio.get_current_task().id
+        if rec._txn_task == me:
+            raise RuntimeError("transactions do not nest")
+        while rec._txn_task is not None:
+            await rec._txn_idle.wait()
+        rec._check_open()
+        rec._txn_task = me
+        rec._txn_idle = anyio.Event()
+        rec._txn_ops = []
+        rec._txn_meta = Meta(rec.agent, rec.source, now(), None)
+        rec.replica.begin()
+        return rec
+
+    async def __aexit__(self, *exc: object) -> None:
+        rec = self._rec
+        try:
+            update = rec.replica.end()
+            if update is not None:
+                assert rec._txn_meta is not None
+                rec._enqueue(update, rec._txn_ops, rec._txn_meta)
+        finally:
+            rec._txn_task = None
+            rec._txn_ops = []
+            rec._txn_meta = None
+            rec._txn_idle.set()
+        if exc[0] is None:
+            await rec._after_write()
+

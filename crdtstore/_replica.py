@@ -1,0 +1,307 @@
+"""One replica of a run's record: a pycrdt Doc plus crdtstore's bookkeeping. No I/O.
+
+The replica is the pure core that the record (live, with a journal behind it), compaction,
+replay and the simulator all drive. It knows how to
+
+- make a local transaction and capture its update delta (exactly one per transaction);
+- apply a journal entry from elsewhere, checking its checksum and refusing bad bytes;
+- keep the provenance of the current value of every map key;
+- list the collections (a registry kept *in the document*, so every replica and every Yjs
+  client agrees on which root is a map, a list or a text).
+"""
+
+from __future__ import annotations
+
+import difflib
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from pycrdt import Array, Doc, Map, Text, merge_updates
+
+from ._errors import CollectionKindMismatch, InvalidUpdate, JournalCorrupt, PayloadTooLarge
+from ._journal import NewEntry, Op, Row, checksum
+from ._values import from_stored
+
+REGISTRY = "__crdtstore_collections"
+KINDS: dict[str, type[Any]] = {"map": Map, "list": Array, "text": Text}
+DEFAULT_MAX_UPDATE = 16 * 1024 * 1024
+_EMPTY_UPDATES = (b"\x00\x00",)
+
+
+class Meta:
+    """Provenance of one journal entry (shared by every key it wrote)."""
+
+    __slots__ = ("agent", "seq", "source", "wall_time")
+
+    def __init__(self, agent: str, source: str, wall_time: float, seq: int | None) -> None:
+        self.agent = agent
+        self.source = source
+        self.wall_time = wall_time
+        self.seq = seq
+
+    def as_list(self) -> list[Any]:
+        return [self.seq, self.agent, self.source, self.wall_time]
+
+
+def tree_merge(updates: Sequence[bytes], fan_in: int = 64) -> bytes:
+    """Merge many updates into one, in O(n log n) instead of ``merge_updates``' O(n^2).
+
+    The result does not depend on the order of ``updates`` (PYCRDT-NOTES hazard 2).
+    """
+    level = [u for u in updates if u not in _EMPTY_UPDATES]
+    if not level:
+        return b"\x00\x00"
+    while len(level) > 1:
+        level = [
+            level[i] if len(level[i : i + fan_in]) == 1 else merge_updates(*level[i : i + fan_in])
+            for i in range(0, len(level), fan_in)
+        ]
+    return level[0]
+
+
+def text_diff(old: str, new: str) -> list[tuple[str, int, Any]]:
+    """The character edits turning ``old`` into ``new``, last first (so indices stay valid).
+
+    Uses a real diff (not just common prefix/suffix), so an agent that rewrites a text with two
+    distant changes produces two small edits, and a concurrent edit between them survives.
+    """
+    if old == new:
+        return []
+    ops: list[tuple[str, int, Any]] = []
+    matcher = difflib.SequenceMatcher(None, old, new, autojunk=False)
+    for tag, i1, i2, j1, j2 in reversed(matcher.get_opcodes()):
+        if tag == "equal":
+            continue
+        if i2 > i1:
+            ops.append(("del", i1, i2 - i1))
+        if j2 > j1:
+            ops.append(("ins", i1, new[j1:j2]))
+    return ops
+
+
+class Replica:
+    """A Doc with its collection registry, update capture and provenance index."""
+
+    def __init__(self, *, max_update: int = DEFAULT_MAX_UPDATE) -> None:
+        # A fresh random client id for every replica: a reused id makes peers drop writes
+        # (PYCRDT-NOTES hazard 5). The agent identity lives in the journal, not here.
+        self.doc: Doc = Doc()
+        self.client_id: int = self.doc.client_id
+        self.max_update = max_update
+        self.registry: Map = self.doc.get(REGISTRY, type=Map)
+        self._roots: dict[str, Any] = {}
+        self._kinds: dict[str, str] = {}
+        self.index: dict[str, dict[str, Meta]] = {}
+        self.seq = 0  # journal position reached, when driven by a replay
+        self._captured: bytes | None = None
+        self._capturing = False
+        self._txn_cm: Any = None
+        self.doc.observe(self._on_transaction)
+
+    # -- collections --------------------------------------------------------------------------
+
+    def kind_of(self, name: str) -> str | None:
+        kind = self._kinds.get(name)
+        if kind is None:
+            kind = self.registry.get(name)
+            if kind is not None:
+                self._kinds[name] = kind
+        return kind
+
+    def root(self, name: str, kind: str) -> Any:
+        """The root shared type of a collection, checking its kind against the registry.
+
+        Raises:
+            CollectionKindMismatch: the name is registered as another kind.
+        """
+        existing = self.kind_of(name)
+        if existing is not None and existing != kind:
+            raise CollectionKindMismatch(name, existing, kind)
+        got = self._roots.get(name)
+        if got is None:
+            got = self._roots[name] = self.doc.get(name, type=KINDS[kind])
+        return got
+
+    def collections(self) -> dict[str, str]:
+        """Registered collections: name -> kind, sorted by name."""
+        return dict(sorted((str(k), str(v)) for k, v in self.registry.items()))
+
+    def read(self, name: str, kind: str) -> Any:
+        root = self.root(name, kind)
+        if kind == "map":
+            return {k: from_stored(v) for k, v in root.items()}
+        if kind == "list":
+            return [from_stored(v) for v in root]
+        return str(root)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: self.read(name, kind) for name, kind in self.collections().items()}
+
+    # -- local transactions -------------------------------------------------------------------
+
+    def _on_transaction(self, event: Any) -> None:
+        if self._capturing:
+            self._captured = event.update
+
+    def begin(self) -> None:
+        """Open a local transaction whose update :meth:`end` returns."""
+        self._captured = None
+        self._capturing = True
+        self._txn_cm = self.doc.transaction(origin=self.client_id)
+        self._txn_cm.__enter__()
+
+    def do(self, ops: list[Op], apply: Callable[[], None], meta: Meta) -> None:
+        """Inside :meth:`begin`/:meth:`end`: run ``apply`` (which makes exactly the changes
+        described by ``ops``) and record provenance.
+
+        Collections touched for the first time are registered in the same transaction, so
+        the registry never names a collection whose first write is missing, or vice versa.
+        """
+        for op in ops:
+            name = op[1]
+            if name not in self._kinds and self.registry.get(name) is None:
+                self.registry[name] = op[0]
+                self._kinds[name] = op[0]
+        apply()
+        for op in ops:
+            if op[0] == "map":
+                self.index.setdefault(op[1], {})[op[3]] = meta
+
+    def end(self) -> bytes | None:
+        """Commit the local transaction; return its update (None when nothing changed).
+
+        There is no rollback in pycrdt: whatever was applied before an error is committed
+        (and must be journaled by the caller).
+        """
+        cm, self._txn_cm = self._txn_cm, None
+        try:
+            if cm is not None:
+                cm.__exit__(None, None, None)
+        finally:
+            self._capturing = False
+        update, self._captured = self._captured, None
+        return update
+
+    def local(self, ops: list[Op], apply: Callable[[], None], meta: Meta) -> bytes | None:
+        """One local transaction: :meth:`begin`, :meth:`do`, :meth:`end`."""
+        self.begin()
+        try:
+            self.do(ops, apply, meta)
+        finally:
+            update = self.end()
+        return update
+
+    def entry(self, agent: str, source: str, update: bytes, ops: list[Op], wall: float) -> NewEntry:
+        return NewEntry(agent, source, self.client_id, wall, update, ops, checksum(update))
+
+    # -- applying entries from elsewhere -------------------------------------------------------
+
+    def check_update(self, update: bytes) -> None:
+        """Reject update bytes that cannot be right before they reach the document.
+
+        Raises:
+            PayloadTooLarge: larger than ``max_update``.
+            InvalidUpdate: not bytes, or not decodable as a v1 update.
+        """
+        if not isinstance(update, bytes):
+            raise InvalidUpdate(f"expected bytes, got {type(update).__name__}")
+        if len(update) > self.max_update:
+            raise PayloadTooLarge("update", len(update), self.max_update)
+        try:
+            # decoding the state vector parses the whole structure without touching the doc
+            from pycrdt import get_state
+
+            get_state(update)
+        except BaseException as exc:  # pycrdt raises ValueError, RuntimeError or a panic
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            raise InvalidUpdate(f"{type(exc).__name__}: {exc}") from None
+
+    def apply_update(self, update: bytes) -> None:
+        """Apply raw update bytes (no provenance).
+
+        Raises:
+            PayloadTooLarge, InvalidUpdate: see :meth:`check_update`; the doc is unchanged.
+        """
+        self.check_update(update)
+        try:
+            self.doc.apply_update(update)
+        except BaseException as exc:
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            raise InvalidUpdate(f"{type(exc).__name__}: {exc}") from None
+
+    def apply_rows(self, rows: Iterable[Row], run: str = "") -> None:
+        """Apply journal entries in the given (causal) order, keeping provenance exact.
+
+        Provenance follows what the document did, not what the entry wanted: an entry whose
+        write to a key lost to a concurrent one (LWW by client id) does not become that key's
+        provenance. Map observers see that; they are attached only for the duration of the
+        batch because they cost more than the writes themselves on the local path.
+
+        Raises:
+            JournalCorrupt: an entry's checksum does not match (nothing of it is applied).
+        """
+        rows = list(rows)
+        if not rows:
+            return
+        current: list[Meta | None] = [None]
+        subs = []
+        names = {op[1] for row in rows for op in row.effect if op[0] == "map"}
+        for name in names:
+            try:
+                root = self.root(name, "map")
+            except CollectionKindMismatch:
+                continue
+
+            subs.append((root, root.observe(self._provenance_observer(name, current))))
+        try:
+            for row in rows:
+                if checksum(row.update) != row.checksum:
+                    raise JournalCorrupt(run, row.seq, "checksum mismatch")
+                current[0] = Meta(row.agent, row.source, row.wall_time, row.seq)
+                self.apply_update(row.update)
+        finally:
+            current[0] = None
+            for root, sub in subs:
+                root.unobserve(sub)
+
+    def _provenance_observer(
+        self, name: str, current: list[Meta | None]
+    ) -> Callable[[Any], None]:
+        # a one-argument callback: pycrdt passes the transaction too to two-argument ones
+        def on_event(event: Any) -> None:
+            meta = current[0]
+            if meta is not None:
+                keys = self.index.setdefault(name, {})
+                for key in event.keys:
+                    keys[key] = meta
+
+        return on_event
+
+    # -- snapshots ----------------------------------------------------------------------------
+
+    def export_state(self) -> dict[str, Any]:
+        """crdtstore's bookkeeping to store beside a snapshot's update."""
+        return {
+            "index": {
+                name: {key: meta.as_list() for key, meta in keys.items()}
+                for name, keys in self.index.items()
+            }
+        }
+
+    def import_state(self, state: dict[str, Any]) -> None:
+        cache: dict[tuple[Any, ...], Meta] = {}
+        for name, keys in state.get("index", {}).items():
+            target = self.index.setdefault(name, {})
+            for key, (seq, agent, source, wall) in keys.items():
+                k = (seq, agent, source, wall)
+                meta = cache.get(k)
+                if meta is None:
+                    meta = cache[k] = Meta(agent, source, wall, seq)
+                target[key] = meta
+
+
+def now() -> float:
+    return time.time()

@@ -1,0 +1,293 @@
+"""Stores: where records live, opened from a URL.
+
+``open_store(url)`` finds the backend for the URL's scheme in a registry filled from the
+``crdtstore.backends`` entry-point group (as SQLAlchemy finds its dialects), so other packages,
+``sync`` among them, add schemes without crdtstore importing them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from importlib.metadata import entry_points
+import anyio
+from anyio.abc import TaskGroup
+from pydantic import BaseModel, ConfigDict
+
+from ._backends.memory import MemoryJournal
+from ._backends.sqlite import SQLiteJournal
+from ._errors import InvalidValue, StoreClosed, UnsupportedURL
+from ._journal import Durability, JournalBackend, JournalEntry, RunInfo, SnapshotRow
+from ._models import HistoryEntry
+from ._names import check_name
+from ._notify import Notifier
+from ._record import READ_CHUNK, Record
+from ._replica import DEFAULT_MAX_UPDATE, Replica
+
+_BUILTIN: dict[str, Callable[[str], JournalBackend]] = {
+    "memory": MemoryJournal,
+    "sqlite": SQLiteJournal,
+}
+
+
+def _backend_for(url: str) -> JournalBackend:
+    if not isinstance(url, str) or "://" not in url:
+        raise UnsupportedURL(str(url), "expected SCHEME://...")
+    scheme = url.split("://", 1)[0].lower()
+    factory = _BUILTIN.get(scheme)
+    if factory is None:
+        for ep in entry_points(group="crdtstore.backends"):
+            if ep.name == scheme:
+                factory = ep.load()
+                break
+    if factory is None:
+        raise UnsupportedURL(url, f"no backend for scheme {scheme!r} is installed")
+    return factory(url)
+
+
+class CompactionResult(BaseModel):
+    """What :meth:`Store.compact` did."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run: str
+    seq: int
+    entries: int
+    snapshot_bytes: int
+    journal_dropped: bool
+    seconds: float
+
+
+def open_store(
+    url: str,
+    *,
+    tenant: str = "default",
+    durability: Durability = "batched",
+    poll_interval: float = 0.25,
+    max_update: int = DEFAULT_MAX_UPDATE,
+) -> Store:
+    """Open the store at ``url``: ``memory://[name]`` or ``sqlite:///path/store.db``.
+
+    Use it as ``async with open_store(url) as store:`` (or ``await store.start()`` and
+    ``await store.aclose()``).
+
+    Args:
+        url: where the store lives; a sqlite file and its folder are created if missing.
+        tenant: the tenant every run of this store object belongs to.
+        durability: default durability of records: ``batched`` (writes return at once; flush
+            is the durability barrier; a group commit runs as soon as the previous one ends)
+            or ``durable`` (each write returns once committed with ``synchronous=FULL``).
+        poll_interval: seconds between journal re-reads when no wake-up arrives.
+        max_update: largest update (bytes) accepted from elsewhere.
+
+    Raises:
+        UnsupportedURL: no backend handles the URL's scheme, or the URL is malformed.
+        InvalidName: a bad tenant name.
+    """
+    check_name("tenant", tenant)
+    if durability not in ("durable", "batched"):
+        raise InvalidValue(f"durability must be 'durable' or 'batched', not {durability!r}")
+    return Store(_backend_for(url), url=url, tenant=tenant, durability=durability,
+                 poll_interval=poll_interval, max_update=max_update)
+
+
+class Store:
+    """An open store. Records of its runs are opened with :meth:`open_record`."""
+
+    def __init__(
+        self,
+        backend: JournalBackend,
+        *,
+        url: str,
+        tenant: str,
+        durability: Durability,
+        poll_interval: float,
+        max_update: int,
+    ) -> None:
+        self.url = url
+        self.tenant = tenant
+        self.durability = durability
+        self.poll_interval = poll_interval
+        self.max_update = max_update
+        self._backend = backend
+        self._notifier = Notifier(backend.notify_url())
+        self._records: set[Record] = set()
+        self._tg: TaskGroup | None = None
+        self._state = "new"
+
+    # -- lifecycle --
+
+    async def start(self) -> Store:
+        """Open the backend and start listening for other processes' writes.
+
+        ``start()`` and :meth:`aclose` must be called from the same task.
+        """
+        if self._state != "new":
+            raise StoreClosed("store")
+        await self._backend.open()
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        await self._tg.start(self._notifier.serve)
+        self._state = "open"
+        return self
+
+    async def aclose(self) -> None:
+        """Close every record opened from this store, then the backend. Idempotent."""
+        if self._state != "open":
+            self._state = "closed"
+            return
+        self._state = "closing"
+        try:
+            with anyio.CancelScope(shield=True):
+                for rec in list(self._records):
+                    await rec.aclose()
+        finally:
+            self._state = "closed"
+            assert self._tg is not None
+            self._tg.cancel_scope.cancel()
+            await self._tg.__aexit__(None, None, None)
+            self._notifier.close()
+            await self._backend.aclose()
+
+    async def __aenter__(self) -> Store:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def _check_open(self) -> None:
+        if self._state != "open":
+            raise StoreClosed("store")
+
+    @property
+    def backend(self) -> JournalBackend:
+        return self._backend
+
+    # -- records --
+
+    def open_record(
+        self,
+        run: str,
+        agent: str,
+        source: str = "model",
+        *,
+        durability: Durability | None = None,
+        create: bool = True,
+    ) -> Record:
+        """The record of ``run`` opened as writer ``agent`` (use with ``async with``).
+
+        Raises:
+            InvalidName: a bad run or agent name (nothing is created).
+            InvalidValue: an unknown ``source`` or ``durability``.
+            UnknownRun: on entering, when the run does not exist and ``create`` is False.
+        """
+        self._check_open()
+        return Record(self, run, agent, source, durability=durability, create=create)
+
+    # -- runs and journals --
+
+    async def runs(self) -> list[RunInfo]:
+        """Every run of this store's tenant, oldest first."""
+        self._check_open()
+        return [RunInfo(**r._asdict()) for r in await self._backend.list_runs(self.tenant)]
+
+    async def run_info(self, run: str) -> RunInfo:
+        """The run's journal head and snapshot position. Raises ``UnknownRun``."""
+        self._check_open()
+        row = await self._backend.ensure_run(self.tenant, check_name("run", run), create=False)
+        return RunInfo(**row._asdict())
+
+    async def journal(self, run: str, *, after: int = 0, limit: int = 1000) -> list[JournalEntry]:
+        """The run's journal entries after position ``after``. Raises ``UnknownRun``."""
+        await self.run_info(run)
+        rows = await self._backend.read(self.tenant, run, after, limit)
+        return [JournalEntry.from_row(run, r) for r in rows]
+
+    async def history(self, run: str, collection: str, key: str) -> list[HistoryEntry]:
+        """Every journaled write to ``collection[key]`` of ``run``, oldest first."""
+        await self.run_info(run)
+        from ._models import Provenance
+        from ._values import from_stored
+
+        out = []
+        for row in await self._backend.history(self.tenant, run, collection, key):
+            prov = Provenance(run=run, agent=row.agent, source=row.source,
+                              wall_time=row.wall_time, seq=row.seq)
+            for op in row.effect:
+                if op[0] == "map" and op[1] == collection and op[3] == key:
+                    deleted = op[2] == "del"
+                    out.append(HistoryEntry(value=None if deleted else from_stored(op[4]),
+                                            deleted=deleted, provenance=prov))
+        return out
+
+    async def replay(
+        self,
+        run: str,
+        *,
+        until: int | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> Replica:
+        """Rebuild the run's record from its journal up to position ``until`` (inclusive;
+        None for all) into a detached replica, for inspection and time travel.
+
+        Starts from the newest snapshot when it does not pass ``until``.
+        """
+        info = await self.run_info(run)
+        target = info.head if until is None else min(until, info.head)
+        replica = Replica(max_update=self.max_update)
+        seq = 0
+        snap = await self._backend.load_snapshot(self.tenant, run)
+        if snap is not None and snap.seq <= target:
+            replica.apply_update(snap.update)
+            replica.import_state(snap.state)
+            seq = replica.seq = snap.seq
+        while seq < target:
+            rows = await self._backend.read(self.tenant, run, seq, min(READ_CHUNK, target - seq))
+            if not rows:
+                break
+            replica.apply_rows(rows, run)
+            seq = replica.seq = rows[-1].seq
+            if progress is not None:
+                progress(seq, target)
+        return replica
+
+    async def compact(
+        self,
+        run: str,
+        *,
+        drop_journal: bool = False,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> CompactionResult:
+        """Merge the run's journal into a snapshot, so that opening it reads the snapshot and
+        only the entries after it.
+
+        Processes that are tailing the run keep working: the journal entries stay (they are
+        the audit trail) unless ``drop_journal``; a reader that falls behind a dropped prefix
+        takes the snapshot instead.
+        """
+        started = time.perf_counter()
+        info = await self.run_info(run)
+        replica = await self.replay(run, progress=progress)
+        update = replica.doc.get_update()
+        await self._backend.save_snapshot(
+            self.tenant, run,
+            SnapshotRow(replica.seq, update, replica.export_state(), time.time()),
+            drop_journal=drop_journal,
+        )
+        return CompactionResult(
+            run=run, seq=replica.seq, entries=replica.seq - info.snapshot_seq,
+            snapshot_bytes=len(update), journal_dropped=drop_journal,
+            seconds=time.perf_counter() - started,
+        )
+
+    async def delete_run(self, run: str) -> bool:
+        """Delete every byte of ``run`` (journal, snapshots, keys); return whether it existed.
+
+        Records of the run open in this process are closed first.
+        """
+        self._check_open()
+        check_name("run", run)
+        for rec in [r for r in self._records if r.run == run]:
+            await rec.aclose()
+        return await self._backend.delete_run(self.tenant, run)
+
