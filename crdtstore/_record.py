@@ -357,6 +357,31 @@ class Record:
             for r in foreign:
                 self._emit(r.effect, r.agent, r.source, r.seq, local=False)
 
+    async def apply_update(self, update: bytes) -> None:
+        """Merge update bytes made elsewhere (another Yjs/pycrdt document) into the record,
+        journaled as a write of this record's agent.
+
+        Only what the update actually adds is journaled (the delta the document integrated).
+        The effect of such an entry is empty: the bytes did not come through the typed API.
+
+        Raises:
+            InvalidUpdate: bytes that do not decode as a v1 update (nothing changes).
+            PayloadTooLarge: larger than the store's ``max_update`` (nothing changes).
+        """
+        self._check_open()
+        self.replica.check_update(update)
+        while self._txn_task is not None:
+            await self._txn_idle.wait()
+        meta = Meta(self.agent, self.source, now(), None)
+        self.replica.begin()
+        try:
+            self.replica.apply_update(update)
+        finally:
+            delta = self.replica.end()
+            if delta is not None:
+                self._enqueue(delta, [], meta)
+        await self._after_write()
+
     async def sync(self) -> int:
         """Apply every entry the journal holds now; return the journal position reached.
 
@@ -388,30 +413,16 @@ class Record:
                 sub.queue.append(change)
                 sub.event.set()
 
-    async def changes(self, *, local: bool = True, buffer: int = 1024) -> AsyncIterator[Change]:
-        """Yield a :class:`Change` per collection touched by each transaction, local and
-        remote, from now on, until the record closes.
+    def changes(self, *, local: bool = True, buffer: int = 1024) -> ChangeStream:
+        """Changes from the moment of this call on: a :class:`Change` per collection touched
+        by each transaction, local (unless ``local=False``) and remote, until the record
+        closes. Use ``async for change in rec.changes():``.
 
         The buffer is bounded: a consumer that falls more than ``buffer`` changes behind
-        loses the oldest ones (counted in the log) rather than growing memory; re-read the
-        record (``to_dict()``) after such a gap.
+        loses the oldest ones (``stream.lost`` counts them) rather than growing memory;
+        re-read the record (``to_dict()``) after such a gap.
         """
-        sub = _Subscriber(buffer)
-        self._subscribers.append(sub)
-        try:
-            while self._state == "open":
-                if not sub.queue:
-                    sub.event = anyio.Event()
-                    await sub.event.wait()
-                    continue
-                if sub.lost:
-                    log.warning("change consumer lost %d changes (buffer %d)", sub.lost, buffer)
-                    sub.lost = 0
-                change = sub.queue.popleft()
-                if local or not change.local:
-                    yield change
-        finally:
-            self._subscribers.remove(sub)
+        return ChangeStream(self, local, buffer)
 
     # -- provenance -----------------------------------------------------------------------------
 
@@ -441,6 +452,49 @@ class Record:
     def __repr__(self) -> str:
         return (f"<Record {self.tenant}/{self.run} agent={self.agent!r} {self._state}"
                 f" seq={self.applied_seq}>")
+
+
+class ChangeStream(AsyncIterator[Change]):
+    """An async iterator of :class:`Change`; subscribed from its creation until closed."""
+
+    def __init__(self, rec: Record, local: bool, buffer: int) -> None:
+        self._rec = rec
+        self._local = local
+        self._sub = _Subscriber(buffer)
+        rec._subscribers.append(self._sub)
+
+    @property
+    def lost(self) -> int:
+        """Changes dropped because the consumer fell more than ``buffer`` behind."""
+        return self._sub.lost
+
+    async def __anext__(self) -> Change:
+        sub = self._sub
+        while True:
+            if not sub.queue:
+                if self._rec._state != "open":
+                    self.close()
+                    raise StopAsyncIteration
+                sub.event = anyio.Event()
+                await sub.event.wait()
+                continue
+            change = sub.queue.popleft()
+            if self._local or not change.local:
+                return change
+
+    def close(self) -> None:
+        """Stop receiving changes. Idempotent."""
+        if self._sub in self._rec._subscribers:
+            self._rec._subscribers.remove(self._sub)
+
+    async def aclose(self) -> None:
+        self.close()
+
+    async def __aenter__(self) -> ChangeStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
 
 
 class _Transaction:

@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""Set up the project in .venv and run it. Needs only python3.
+
+    python3 dev.py demo [ARGS...]   set up, then run `crdtstore demo` (agent processes sharing a record)
+    python3 dev.py test [ARGS...]   set up, then lint (ruff), type-check (mypy) and run pytest
+    python3 dev.py setup            only set up .venv
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
+PY = BIN / "python"
+
+
+def run(*cmd: str | Path) -> None:
+    print("+", " ".join(str(c) for c in cmd), flush=True)
+    subprocess.run([str(c) for c in cmd], cwd=ROOT, check=True)
+
+
+def setup(extras: str) -> None:
+    stamp = VENV / f".installed-{extras}"
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    if stamp.exists() and stamp.read_text() == digest and PY.exists():
+        return
+    if not PY.exists():
+        print(f"+ creating {VENV}", flush=True)
+        venv.EnvBuilder(with_pip=True, clear=False).create(VENV)
+    run(PY, "-m", "pip", "install", "-q", "--upgrade", "pip")
+    run(PY, "-m", "pip", "install", "-q", "-e", f".[{extras}]")
+    stamp.write_text(digest)
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in ("demo", "test", "setup"):
+        print(__doc__)
+        return 2
+    cmd, rest = argv[0], argv[1:]
+    try:
+        if cmd == "setup":
+            setup("dev")
+        elif cmd == "demo":
+            setup("dev")
+            run(BIN / "crdtstore", "demo", *rest)
+        else:
+            setup("dev")
+            run(PY, "-m", "ruff", "check", "crdtstore", "sync", "tests", "bench")
+            run(PY, "-m", "mypy")
+            run(PY, "-m", "pytest", *rest)
+    except subprocess.CalledProcessError as exc:
+        return exc.returncode or 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
