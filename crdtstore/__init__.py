@@ -62,6 +62,7 @@ __all__ = [
     "Record",
     "Replica",
     "RunInfo",
+    "Store",
     "StoreClosed",
     "TextCollection",
     "UnknownRun",

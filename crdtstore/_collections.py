@@ -262,8 +262,12 @@ class TextCollection(_Collection):
     async def delete(self, index: int, count: int) -> None:
         """Delete ``count`` characters from ``index``. Raises ``IndexError``."""
         n = len(self._root)
-        if type(index) is not int or type(count) is not int or index < 0 or count < 1 or (
-            index + count > n
+        if (
+            type(index) is not int
+            or type(count) is not int
+            or index < 0
+            or count < 1
+            or (index + count > n)
         ):
             raise IndexError(f"cannot delete {count!r} characters at {index!r} of {n}")
         root = self._root

@@ -20,6 +20,7 @@ import secrets
 import socket
 import tempfile
 from pathlib import Path
+
 import anyio
 from anyio.abc import TaskStatus
 
@@ -137,4 +138,3 @@ class Notifier:
 
     def __repr__(self) -> str:  # pragma: no cover
         return f"<Notifier {self._key!r} watches={len(self._watches)}>"
-

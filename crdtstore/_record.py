@@ -15,6 +15,7 @@ at once and :meth:`Record.flush` is the durability barrier.
 from __future__ import annotations
 
 import logging
+from builtins import list as _List
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
@@ -100,9 +101,9 @@ class Record:
         self._pending_event = anyio.Event()
         self._failure: BaseException | None = None
         self.applied_seq = 0  # highest journal position this replica has taken in
-        self._subscribers: list[_Subscriber] = []
+        self._subscribers: _List[_Subscriber] = []
         self._txn_task: int | None = None
-        self._txn_ops: list[Op] = []
+        self._txn_ops: _List[Op] = []
         self._txn_meta: Meta | None = None
         self._txn_idle = anyio.Event()
         self._txn_idle.set()
@@ -141,8 +142,12 @@ class Record:
                 try:
                     await self.flush()
                 except CrdtStoreError as exc:
-                    log.error("record %s/%s closed with unjournaled writes: %s",
-                              self.tenant, self.run, exc)
+                    log.error(
+                        "record %s/%s closed with unjournaled writes: %s",
+                        self.tenant,
+                        self.run,
+                        exc,
+                    )
         finally:
             self._state = "closed"
             self._store._records.discard(self)
@@ -229,7 +234,7 @@ class Record:
         """
         return _Transaction(self)
 
-    async def _write(self, ops: list[Op], apply: Callable[[], None]) -> None:
+    async def _write(self, ops: _List[Op], apply: Callable[[], None]) -> None:
         """Apply a validated local write and queue its journal entry."""
         self._check_open()
         if self._txn_task is not None:
@@ -251,7 +256,7 @@ class Record:
                 self._enqueue(update, ops, meta)
         await self._after_write()
 
-    def _enqueue(self, update: bytes, ops: list[Op], meta: Meta) -> None:
+    def _enqueue(self, update: bytes, ops: _List[Op], meta: Meta) -> None:
         entry = self.replica.entry(self.agent, self.source, update, ops, meta.wall_time)
         self._pending.append((entry, meta))
         self._written += 1
@@ -298,15 +303,20 @@ class Record:
             batch = list(self._pending)
             try:
                 seqs = await self._backend.append(
-                    self.tenant, self.run, [e for e, _ in batch],
+                    self.tenant,
+                    self.run,
+                    [e for e, _ in batch],
                     durable=self.durability == "durable",
                 )
             except CrdtStoreError as exc:
                 # Keep the entries queued and retry: a locked or full disk may recover. Writers
                 # waiting for durability learn of the failure now, not after the retries.
                 log.warning("journal append failed (%s); retrying in %.2fs", exc, backoff)
-                self._failure = exc if isinstance(exc, BackendError) else BackendError(
-                    self._backend.name, str(exc))
+                self._failure = (
+                    exc
+                    if isinstance(exc, BackendError)
+                    else BackendError(self._backend.name, str(exc))
+                )
                 self._fire_commit()
                 await anyio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
@@ -340,7 +350,7 @@ class Record:
             with anyio.move_on_after(poll):
                 await event.wait()
 
-    async def _apply_remote(self, rows: list[Any]) -> None:
+    async def _apply_remote(self, rows: _List[Any]) -> None:
         while self._txn_task is not None:  # never mix a remote update into a local txn
             await self._txn_idle.wait()
         if rows[0].seq > self.applied_seq + 1:
@@ -397,15 +407,23 @@ class Record:
 
     # -- change notification --------------------------------------------------------------------
 
-    def _emit(self, ops: list[Op], agent: str, source: str, seq: int | None, *, local: bool) -> None:
-        grouped: dict[tuple[str, str], list[Op]] = {}
+    def _emit(
+        self, ops: _List[Op], agent: str, source: str, seq: int | None, *, local: bool
+    ) -> None:
+        grouped: dict[tuple[str, str], _List[Op]] = {}
         for op in ops:
             grouped.setdefault((op[1], op[0]), []).append(op)
         for (name, kind), cops in grouped.items():
             keys = tuple(dict.fromkeys(op[3] for op in cops)) if kind == "map" else ()
             change = Change(
-                collection=name, kind=kind, keys=keys, agent=agent, source=source, seq=seq,
-                local=local, ops=tuple(tuple(op) for op in cops),
+                collection=name,
+                kind=kind,
+                keys=keys,
+                agent=agent,
+                source=source,
+                seq=seq,
+                local=local,
+                ops=tuple(tuple(op) for op in cops),
             )
             for sub in self._subscribers:
                 if len(sub.queue) == sub.queue.maxlen:
@@ -432,26 +450,31 @@ class Record:
         if meta is None:
             return None
         return Provenance(
-            run=self.run, agent=meta.agent, source=meta.source, wall_time=meta.wall_time,
+            run=self.run,
+            agent=meta.agent,
+            source=meta.source,
+            wall_time=meta.wall_time,
             seq=meta.seq,
         )
 
-    async def history(self, collection: str, key: str) -> list[HistoryEntry]:
+    async def history(self, collection: str, key: str) -> _List[HistoryEntry]:
         """Every journaled write to ``collection[key]``, overwritten ones included, oldest
         first. Call :meth:`flush` first to include this record's batched writes."""
         self._check_open()
         check_name("collection", collection)
         return await self._store.history(self.run, collection, key)
 
-    async def journal(self, after: int = 0, limit: int = 1000) -> list[JournalEntry]:
+    async def journal(self, after: int = 0, limit: int = 1000) -> _List[JournalEntry]:
         """Journal entries of this run after position ``after``."""
         self._check_open()
         rows = await self._backend.read(self.tenant, self.run, after, limit)
         return [JournalEntry.from_row(self.run, r) for r in rows]
 
     def __repr__(self) -> str:
-        return (f"<Record {self.tenant}/{self.run} agent={self.agent!r} {self._state}"
-                f" seq={self.applied_seq}>")
+        return (
+            f"<Record {self.tenant}/{self.run} agent={self.agent!r} {self._state}"
+            f" seq={self.applied_seq}>"
+        )
 
 
 class ChangeStream(AsyncIterator[Change]):
@@ -531,4 +554,3 @@ class _Transaction:
             rec._txn_idle.set()
         if exc[0] is None:
             await rec._after_write()
-

@@ -86,10 +86,10 @@ class Replica:
     def __init__(self, *, max_update: int = DEFAULT_MAX_UPDATE) -> None:
         # A fresh random client id for every replica: a reused id makes peers drop writes
         # (PYCRDT-NOTES hazard 5). The agent identity lives in the journal, not here.
-        self.doc: Doc = Doc()
+        self.doc: Doc[Any] = Doc()
         self.client_id: int = self.doc.client_id
         self.max_update = max_update
-        self.registry: Map = self.doc.get(REGISTRY, type=Map)
+        self.registry: Map[Any] = self.doc.get(REGISTRY, type=Map)
         self._roots: dict[str, Any] = {}
         self._kinds: dict[str, str] = {}
         self.index: dict[str, dict[str, Meta]] = {}
@@ -267,9 +267,7 @@ class Replica:
             for root, sub in subs:
                 root.unobserve(sub)
 
-    def _provenance_observer(
-        self, name: str, current: list[Meta | None]
-    ) -> Callable[[Any], None]:
+    def _provenance_observer(self, name: str, current: list[Meta | None]) -> Callable[[Any], None]:
         # a one-argument callback: pycrdt passes the transaction too to two-argument ones
         def on_event(event: Any) -> None:
             meta = current[0]

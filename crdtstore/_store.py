@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from importlib.metadata import entry_points
+
 import anyio
 from anyio.abc import TaskGroup
 from pydantic import BaseModel, ConfigDict
@@ -87,8 +88,14 @@ def open_store(
     check_name("tenant", tenant)
     if durability not in ("durable", "batched"):
         raise InvalidValue(f"durability must be 'durable' or 'batched', not {durability!r}")
-    return Store(_backend_for(url), url=url, tenant=tenant, durability=durability,
-                 poll_interval=poll_interval, max_update=max_update)
+    return Store(
+        _backend_for(url),
+        url=url,
+        tenant=tenant,
+        durability=durability,
+        poll_interval=poll_interval,
+        max_update=max_update,
+    )
 
 
 class Store:
@@ -211,13 +218,19 @@ class Store:
 
         out = []
         for row in await self._backend.history(self.tenant, run, collection, key):
-            prov = Provenance(run=run, agent=row.agent, source=row.source,
-                              wall_time=row.wall_time, seq=row.seq)
+            prov = Provenance(
+                run=run, agent=row.agent, source=row.source, wall_time=row.wall_time, seq=row.seq
+            )
             for op in row.effect:
                 if op[0] == "map" and op[1] == collection and op[3] == key:
                     deleted = op[2] == "del"
-                    out.append(HistoryEntry(value=None if deleted else from_stored(op[4]),
-                                            deleted=deleted, provenance=prov))
+                    out.append(
+                        HistoryEntry(
+                            value=None if deleted else from_stored(op[4]),
+                            deleted=deleted,
+                            provenance=prov,
+                        )
+                    )
         return out
 
     async def replay(
@@ -270,13 +283,17 @@ class Store:
         replica = await self.replay(run, progress=progress)
         update = replica.doc.get_update()
         await self._backend.save_snapshot(
-            self.tenant, run,
+            self.tenant,
+            run,
             SnapshotRow(replica.seq, update, replica.export_state(), time.time()),
             drop_journal=drop_journal,
         )
         return CompactionResult(
-            run=run, seq=replica.seq, entries=replica.seq - info.snapshot_seq,
-            snapshot_bytes=len(update), journal_dropped=drop_journal,
+            run=run,
+            seq=replica.seq,
+            entries=replica.seq - info.snapshot_seq,
+            snapshot_bytes=len(update),
+            journal_dropped=drop_journal,
             seconds=time.perf_counter() - started,
         )
 
@@ -290,4 +307,3 @@ class Store:
         for rec in [r for r in self._records if r.run == run]:
             await rec.aclose()
         return await self._backend.delete_run(self.tenant, run)
-

@@ -25,7 +25,7 @@ _SCALARS = (str, bool, type(None))
 JSONValue = Any  # a JSON-like value, see the module docstring
 
 
-def to_stored(value: object, _depth: int = 0) -> Any:
+def to_stored(value: Any, _depth: int = 0) -> Any:
     """Validate ``value`` and return a fresh copy fit to be stored.
 
     Raises:
@@ -36,33 +36,33 @@ def to_stored(value: object, _depth: int = 0) -> Any:
     if t in _SCALARS:
         return value
     if t is int:
-        if -_MAX_SAFE_INT <= value <= _MAX_SAFE_INT:  # type: ignore[operator]
+        if -_MAX_SAFE_INT <= value <= _MAX_SAFE_INT:
             return value
         raise InvalidValue(f"integer {value} is outside ±2**53 (not exact in JSON/JavaScript)")
     if t is float:
-        if math.isfinite(value):  # type: ignore[arg-type]
+        if math.isfinite(value):
             return value
         raise InvalidValue(f"{value} is not a finite number")
     if _depth >= _MAX_DEPTH:
         raise InvalidValue(f"nesting deeper than {_MAX_DEPTH} levels")
     if t is dict or isinstance(value, dict):
         out = {}
-        for k, v in value.items():  # type: ignore[attr-defined]
+        for k, v in value.items():
             if type(k) is not str:
                 raise InvalidValue(f"dict key {k!r} is not a str")
             out[k] = to_stored(v, _depth + 1)
         return out
     if t is list or t is tuple or isinstance(value, (list, tuple)):
-        return [to_stored(v, _depth + 1) for v in value]  # type: ignore[attr-defined]
+        return [to_stored(v, _depth + 1) for v in value]
     if isinstance(value, bool | int | float | str):  # subclasses such as IntEnum
         return to_stored(_base(value), _depth)
     raise InvalidValue(f"type {t.__name__} is not JSON-like")
 
 
-def _base(value: object) -> object:
+def _base(value: Any) -> Any:
     for base in (bool, int, float, str):
         if isinstance(value, base):
-            return base(value)  # type: ignore[call-overload]
+            return base(value)
     return value  # pragma: no cover - only called for those four
 
 

@@ -147,9 +147,9 @@ class BlockingStore(_Proxy):
         self.url = url
         self.tenant = store.tenant
 
-    def open_record(self, run: str, agent: str, source: str = "model", **options: Any) -> (
-        AbstractContextManager[BlockingRecord]
-    ):
+    def open_record(
+        self, run: str, agent: str, source: str = "model", **options: Any
+    ) -> AbstractContextManager[BlockingRecord]:
         """The record as a context manager yielding a :class:`BlockingRecord`."""
         record: Record = self._run(self._target.open_record, run, agent, source, **options)
         return _RecordContext(self._portal, record)
@@ -191,5 +191,3 @@ class _RecordContext(AbstractContextManager[BlockingRecord]):
 def open_store(url: str, **options: Any) -> BlockingStore:
     """Open a store for synchronous use; arguments as :func:`crdtstore.open_store`."""
     return BlockingStore(url, **options)
-
-

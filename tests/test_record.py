@@ -69,50 +69,48 @@ async def test_map_list_text_roundtrip(url: str) -> None:
 
 
 async def test_two_records_same_run_see_each_other(url: str) -> None:
-    async with crdtstore.open_store(url) as store:
-        async with (
-            store.open_record(run="r", agent="a") as a,
-            store.open_record(run="r", agent="b", source="tool") as b,
-        ):
-            await a.map("m").set("from_a", 1)
-            await b.map("m").set("from_b", 2)
-            await a.flush()
-            await b.flush()
-            with anyio.fail_after(5):
-                while len(a.map("m")) < 2 or len(b.map("m")) < 2:
-                    await anyio.sleep(0.005)
-            assert a.to_dict() == b.to_dict() == {"m": {"from_a": 1, "from_b": 2}}
-            prov = a.map("m").provenance("from_b")
-            assert prov is not None
-            assert (prov.agent, prov.source, prov.run) == ("b", "tool", "r")
-            assert prov.seq is not None and prov.seq >= 1
+    async with (
+        crdtstore.open_store(url) as store, store.open_record(run="r", agent="a") as a,
+        store.open_record(run="r", agent="b", source="tool") as b,
+    ):
+        await a.map("m").set("from_a", 1)
+        await b.map("m").set("from_b", 2)
+        await a.flush()
+        await b.flush()
+        with anyio.fail_after(5):
+            while len(a.map("m")) < 2 or len(b.map("m")) < 2:
+                await anyio.sleep(0.005)
+        assert a.to_dict() == b.to_dict() == {"m": {"from_a": 1, "from_b": 2}}
+        prov = a.map("m").provenance("from_b")
+        assert prov is not None
+        assert (prov.agent, prov.source, prov.run) == ("b", "tool", "r")
+        assert prov.seq is not None and prov.seq >= 1
 
 
 async def test_changes_feed_local_and_remote(url: str) -> None:
-    async with crdtstore.open_store(url) as store:
-        async with (
-            store.open_record(run="r", agent="a") as a,
-            store.open_record(run="r", agent="b") as b,
-        ):
-            seen: list[Any] = []
-            stream = a.changes()  # subscribed from here on
+    async with (
+        crdtstore.open_store(url) as store, store.open_record(run="r", agent="a") as a,
+        store.open_record(run="r", agent="b") as b,
+    ):
+        seen: list[Any] = []
+        stream = a.changes()  # subscribed from here on
 
-            async def consume() -> None:
-                async for change in stream:
-                    seen.append(change)
-                    if len(seen) == 2:
-                        return
+        async def consume() -> None:
+            async for change in stream:
+                seen.append(change)
+                if len(seen) == 2:
+                    return
 
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(consume)
-                await a.map("m").set("k1", 1)
-                await b.map("m").set("k2", 2)
-                await b.flush()
-            assert [(c.collection, c.keys, c.agent, c.local) for c in seen] == [
-                ("m", ("k1",), "a", True),
-                ("m", ("k2",), "b", False),
-            ]
-            assert seen[1].seq is not None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(consume)
+            await a.map("m").set("k1", 1)
+            await b.map("m").set("k2", 2)
+            await b.flush()
+        assert [(c.collection, c.keys, c.agent, c.local) for c in seen] == [
+            ("m", ("k1",), "a", True),
+            ("m", ("k2",), "b", False),
+        ]
+        assert seen[1].seq is not None
 
 
 async def test_history_and_provenance(url: str) -> None:
@@ -133,16 +131,15 @@ async def test_history_and_provenance(url: str) -> None:
 
 
 async def test_transaction_is_one_entry(url: str) -> None:
-    async with crdtstore.open_store(url) as store:
-        async with store.open_record(run="r", agent="a") as a:
-            async with a.transaction():
-                await a.map("m").set("x", 1)
-                await a.list("l").append("x")
-                await a.text("t").edit("x")
-            await a.flush()
-            entries = await a.journal()
-            assert len(entries) == 1
-            assert {op[0] for op in entries[0].effect} == {"map", "list", "text"}
+    async with crdtstore.open_store(url) as store, store.open_record(run="r", agent="a") as a:
+        async with a.transaction():
+            await a.map("m").set("x", 1)
+            await a.list("l").append("x")
+            await a.text("t").edit("x")
+        await a.flush()
+        entries = await a.journal()
+        assert len(entries) == 1
+        assert {op[0] for op in entries[0].effect} == {"map", "list", "text"}
 
 
 async def test_bad_names_create_nothing(url: str) -> None:
@@ -163,18 +160,17 @@ async def test_bad_names_create_nothing(url: str) -> None:
 
 
 async def test_bad_values_write_nothing(url: str) -> None:
-    async with crdtstore.open_store(url) as store:
-        async with store.open_record(run="r", agent="a") as rec:
-            m = rec.map("m")
-            for bad in [float("nan"), float("inf"), object(), {1: "x"}, b"bytes", 2**60]:
-                with pytest.raises(InvalidValue):
-                    await m.set("k", bad)
-            await m.set("k", 1)
-            with pytest.raises(CollectionKindMismatch):
-                rec.list("m")
-            await rec.flush()
-            assert rec.to_dict() == {"m": {"k": 1}}
-            assert len(await rec.journal()) == 1
+    async with crdtstore.open_store(url) as store, store.open_record(run="r", agent="a") as rec:
+        m = rec.map("m")
+        for bad in [float("nan"), float("inf"), object(), {1: "x"}, b"bytes", 2**60]:
+            with pytest.raises(InvalidValue):
+                await m.set("k", bad)
+        await m.set("k", 1)
+        with pytest.raises(CollectionKindMismatch):
+            rec.list("m")
+        await rec.flush()
+        assert rec.to_dict() == {"m": {"k": 1}}
+        assert len(await rec.journal()) == 1
 
 
 async def test_unknown_run_and_urls(url: str) -> None:

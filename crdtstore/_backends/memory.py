@@ -100,6 +100,8 @@ class MemoryJournal(JournalBackend):
         self, tenant: str, run: str, snapshot: SnapshotRow, *, drop_journal: bool
     ) -> None:
         r = self._run(tenant, run)
+        if r.snapshot is not None and r.snapshot.seq >= snapshot.seq:
+            return  # a newer snapshot is already there; keep it
         r.snapshot = snapshot
         if drop_journal:
             r.rows = [row for row in r.rows if row.seq > snapshot.seq]

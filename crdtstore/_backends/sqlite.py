@@ -95,9 +95,7 @@ class _Conn:
 
     def __init__(self, path: Path) -> None:
         self.lock = threading.Lock()
-        self.db = sqlite3.connect(
-            path, isolation_level=None, check_same_thread=False, timeout=30.0
-        )
+        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30.0)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.execute("PRAGMA secure_delete=ON")
@@ -259,8 +257,17 @@ class SQLiteJournal(JournalBackend):
                 "INSERT INTO journal (run_id, seq, agent, source, client_id, wall_time, upd,"
                 " effect, crc) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
-                    (rid, first + i, e.agent, e.source, e.client_id, e.wall_time, e.update,
-                     effects[i], e.checksum)
+                    (
+                        rid,
+                        first + i,
+                        e.agent,
+                        e.source,
+                        e.client_id,
+                        e.wall_time,
+                        e.update,
+                        effects[i],
+                        e.checksum,
+                    )
                     for i, e in enumerate(entries)
                 ],
             )

@@ -1,0 +1,159 @@
+"""Public conformance checks for storage backends.
+
+Every journal backend (memory, SQLite, and later Redis, or a third party's) must pass
+:func:`check_journal_backend`. Call it from your test suite with a factory that returns a new,
+empty backend each time it is called::
+
+    async def test_my_backend(tmp_path):
+        await check_journal_backend(lambda: MyJournal(f"my://{tmp_path}/x"))
+
+Failures raise ``AssertionError`` with a message naming the broken rule.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from ._errors import UnknownRun
+from ._journal import JournalBackend, NewEntry, SnapshotRow, checksum
+
+__all__ = ["check_journal_backend"]
+
+
+def _entry(i: int, effect: list[list[object]] | None = None) -> NewEntry:
+    update = f"update-{i}".encode()
+    return NewEntry(f"agent{i % 3}", "tool", 1000 + i, time.time(), update,
+                    effect if effect is not None else [], checksum(update))
+
+
+async def check_journal_backend(make: Callable[[], JournalBackend]) -> None:
+    """Run every conformance rule against fresh backends from ``make``.
+
+    Raises:
+        AssertionError: a rule is broken.
+    """
+    for check in _CHECKS:
+        backend = make()
+        await backend.open()
+        try:
+            await check(backend)
+        except AssertionError as exc:
+            raise AssertionError(f"{check.__name__}: {exc}") from exc
+        finally:
+            await backend.aclose()
+            await backend.aclose()  # aclose is idempotent
+
+
+async def _runs_are_created_on_request(b: JournalBackend) -> None:
+    try:
+        await b.ensure_run("t", "r", create=False)
+    except UnknownRun:
+        pass
+    else:
+        raise AssertionError("ensure_run(create=False) of a missing run must raise UnknownRun")
+    assert await b.get_run("t", "r") is None, "a refused run must not be created"
+    info = await b.ensure_run("t", "r", create=True)
+    assert (info.tenant, info.run, info.head, info.snapshot_seq) == ("t", "r", 0, 0)
+    again = await b.ensure_run("t", "r", create=True)
+    assert again.created == info.created, "ensure_run must not recreate an existing run"
+    await b.ensure_run("t", "r2", create=True)
+    await b.ensure_run("other", "r", create=True)
+    assert [r.run for r in await b.list_runs("t")] == ["r", "r2"]
+    assert [r.run for r in await b.list_runs("other")] == ["r"]
+
+
+async def _append_assigns_dense_positions(b: JournalBackend) -> None:
+    await b.ensure_run("t", "r", create=True)
+    assert await b.append("t", "r", [], durable=False) == []
+    assert await b.append("t", "r", [_entry(0), _entry(1)], durable=False) == [1, 2]
+    assert await b.append("t", "r", [_entry(2)], durable=True) == [3]
+    assert await b.head("t", "r") == 3
+    rows = await b.read("t", "r", 0)
+    assert [r.seq for r in rows] == [1, 2, 3]
+    first = rows[0]
+    assert (first.agent, first.source, first.client_id, first.update) == (
+        "agent0", "tool", 1000, b"update-0")
+    assert first.checksum == checksum(b"update-0")
+    assert [r.seq for r in await b.read("t", "r", 1)] == [2, 3]
+    assert [r.seq for r in await b.read("t", "r", 1, limit=1)] == [2]
+    assert await b.read("t", "r", 3) == []
+    try:
+        await b.append("t", "missing", [_entry(9)], durable=False)
+    except UnknownRun:
+        pass
+    else:
+        raise AssertionError("append to an unknown run must raise UnknownRun")
+
+
+async def _runs_and_tenants_are_isolated(b: JournalBackend) -> None:
+    for tenant, run in [("t", "a"), ("t", "b"), ("u", "a")]:
+        await b.ensure_run(tenant, run, create=True)
+    await b.append("t", "a", [_entry(0, [["map", "m", "set", "k", 1]])], durable=False)
+    assert await b.read("t", "b", 0) == []
+    assert await b.read("u", "a", 0) == []
+    assert await b.history("u", "a", "m", "k") == []
+    assert await b.head("u", "a") == 0
+
+
+async def _effects_and_history(b: JournalBackend) -> None:
+    await b.ensure_run("t", "r", create=True)
+    effects = [
+        [["map", "m", "set", "k", {"v": 1}], ["list", "l", "ins", 0, [1]]],
+        [["map", "m", "set", "other", 2]],
+        [["map", "m", "del", "k"]],
+        [["map", "n", "set", "k", 3]],
+    ]
+    await b.append("t", "r", [_entry(i, e) for i, e in enumerate(effects)], durable=False)
+    rows = await b.read("t", "r", 0)
+    assert [r.effect for r in rows] == effects, "effects must round-trip as JSON"
+    assert [r.seq for r in await b.history("t", "r", "m", "k")] == [1, 3]
+    assert [r.seq for r in await b.history("t", "r", "n", "k")] == [4]
+    assert await b.history("t", "r", "m", "nothing") == []
+
+
+async def _snapshots(b: JournalBackend) -> None:
+    await b.ensure_run("t", "r", create=True)
+    await b.append("t", "r", [_entry(i) for i in range(5)], durable=False)
+    assert await b.load_snapshot("t", "r") is None
+    snap = SnapshotRow(3, b"merged", {"index": {"m": {"k": [2, "a", "tool", 1.0]}}}, time.time())
+    await b.save_snapshot("t", "r", snap, drop_journal=False)
+    got = await b.load_snapshot("t", "r")
+    assert got is not None and (got.seq, got.update, got.state) == (3, b"merged", snap.state)
+    assert (await b.get_run("t", "r")).snapshot_seq == 3  # type: ignore[union-attr]
+    assert [r.seq for r in await b.read("t", "r", 0)] == [1, 2, 3, 4, 5], "journal is kept"
+    older = SnapshotRow(2, b"older", {}, time.time())
+    await b.save_snapshot("t", "r", older, drop_journal=False)
+    got = await b.load_snapshot("t", "r")
+    assert got is not None and got.seq == 3, "an older snapshot must not replace a newer one"
+    await b.save_snapshot("t", "r", SnapshotRow(4, b"m4", {}, time.time()), drop_journal=True)
+    assert [r.seq for r in await b.read("t", "r", 0)] == [5], "drop_journal drops the prefix"
+    assert await b.append("t", "r", [_entry(6)], durable=False) == [6]
+
+
+async def _delete_run_leaves_nothing(b: JournalBackend) -> None:
+    await b.ensure_run("t", "r", create=True)
+    await b.ensure_run("t", "keep", create=True)
+    await b.append("t", "r", [_entry(0, [["map", "m", "set", "k", "secret"]])], durable=False)
+    await b.append("t", "keep", [_entry(1)], durable=False)
+    await b.save_snapshot("t", "r", SnapshotRow(1, b"s", {}, time.time()), drop_journal=False)
+    assert await b.delete_run("t", "r") is True
+    assert await b.delete_run("t", "r") is False
+    assert await b.get_run("t", "r") is None
+    assert [r.run for r in await b.list_runs("t")] == ["keep"]
+    assert [r.seq for r in await b.read("t", "keep", 0)] == [1]
+    # a run created again under the same name starts empty
+    await b.ensure_run("t", "r", create=True)
+    assert await b.read("t", "r", 0) == []
+    assert await b.load_snapshot("t", "r") is None
+    assert await b.history("t", "r", "m", "k") == []
+
+
+_CHECKS = [
+    _runs_are_created_on_request,
+    _append_assigns_dense_positions,
+    _runs_and_tenants_are_isolated,
+    _effects_and_history,
+    _snapshots,
+    _delete_run_leaves_nothing,
+]
