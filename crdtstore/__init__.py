@@ -17,13 +17,23 @@ from ._collections import ListCollection as ListCollection
 from ._collections import MapCollection as MapCollection
 from ._collections import TextCollection as TextCollection
 from ._errors import BackendError as BackendError
+from ._errors import BudgetExceeded as BudgetExceeded
 from ._errors import CollectionKindMismatch as CollectionKindMismatch
 from ._errors import CrdtStoreError as CrdtStoreError
 from ._errors import InvalidName as InvalidName
+from ._errors import InvalidResource as InvalidResource
 from ._errors import InvalidUpdate as InvalidUpdate
 from ._errors import InvalidValue as InvalidValue
 from ._errors import JournalCorrupt as JournalCorrupt
+from ._errors import LeaseError as LeaseError
+from ._errors import LeaseHeld as LeaseHeld
+from ._errors import LeaseLost as LeaseLost
+from ._errors import LeaseNotFound as LeaseNotFound
+from ._errors import LeaseTimeout as LeaseTimeout
 from ._errors import PayloadTooLarge as PayloadTooLarge
+from ._errors import PolicyViolation as PolicyViolation
+from ._errors import SchemaInvalid as SchemaInvalid
+from ._errors import StaleVersion as StaleVersion
 from ._errors import StoreClosed as StoreClosed
 from ._errors import UnknownRun as UnknownRun
 from ._errors import UnsupportedURL as UnsupportedURL
@@ -44,24 +54,34 @@ __version__ = "0.1.0.dev0"
 
 __all__ = [
     "BackendError",
+    "BudgetExceeded",
     "Change",
     "CollectionKindMismatch",
     "CompactionResult",
     "CrdtStoreError",
     "HistoryEntry",
     "InvalidName",
+    "InvalidResource",
     "InvalidUpdate",
     "InvalidValue",
     "JournalBackend",
     "JournalCorrupt",
     "JournalEntry",
+    "LeaseError",
+    "LeaseHeld",
+    "LeaseLost",
+    "LeaseNotFound",
+    "LeaseTimeout",
     "ListCollection",
     "MapCollection",
     "PayloadTooLarge",
+    "PolicyViolation",
     "Provenance",
     "Record",
     "Replica",
     "RunInfo",
+    "SchemaInvalid",
+    "StaleVersion",
     "Store",
     "StoreClosed",
     "TextCollection",

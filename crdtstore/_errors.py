@@ -12,6 +12,16 @@ composes its own message from its fields::
     ├── CollectionKindMismatch (TypeError)  COLLECTION_KIND
     ├── UnknownRun (LookupError)            UNKNOWN_RUN
     ├── StoreClosed (RuntimeError)          CLOSED
+    ├── SchemaInvalid (ValueError)          SCHEMA_INVALID
+    ├── PolicyViolation (PermissionError)   POLICY_VIOLATION
+    ├── StaleVersion                        STALE_VERSION
+    ├── BudgetExceeded                      BUDGET_EXCEEDED
+    ├── InvalidResource (ValueError)        INVALID_RESOURCE
+    ├── LeaseError
+    │   ├── LeaseHeld                       LEASE_HELD
+    │   ├── LeaseLost                       LEASE_LOST
+    │   ├── LeaseNotFound (LookupError)     LEASE_NOT_FOUND
+    │   └── LeaseTimeout (TimeoutError)     LEASE_TIMEOUT
     └── BackendError (OSError)              BACKEND
         └── JournalCorrupt                  JOURNAL_CORRUPT
 
@@ -21,15 +31,27 @@ backend boundary, so callers never have to catch a driver's exception type.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "BackendError",
+    "BudgetExceeded",
     "CollectionKindMismatch",
     "CrdtStoreError",
     "InvalidName",
+    "InvalidResource",
     "InvalidUpdate",
     "InvalidValue",
     "JournalCorrupt",
+    "LeaseError",
+    "LeaseHeld",
+    "LeaseLost",
+    "LeaseNotFound",
+    "LeaseTimeout",
     "PayloadTooLarge",
+    "PolicyViolation",
+    "SchemaInvalid",
+    "StaleVersion",
     "StoreClosed",
     "UnknownRun",
     "UnsupportedURL",
@@ -158,3 +180,155 @@ class JournalCorrupt(BackendError):
         self.run = run
         self.seq = seq
         super().__init__("journal", f"entry {seq} of run {run!r} is corrupt: {reason}")
+
+
+class SchemaInvalid(CrdtStoreError, ValueError):
+    """A value failed its collection's pydantic model; nothing was written.
+
+    ``errors`` is pydantic's error list (JSON-able).
+    """
+
+    code = "SCHEMA_INVALID"
+
+    def __init__(self, collection: str, key: str | None, errors: list[dict[str, Any]]) -> None:
+        self.collection = collection
+        self.key = key
+        self.errors = errors
+        where = f"{collection}[{key!r}]" if key is not None else collection
+        first = errors[0] if errors else {}
+        loc = ".".join(str(p) for p in first.get("loc", ())) or "value"
+        super().__init__(
+            f"value for {where} does not match its schema: {loc}: {first.get('msg', 'invalid')}"
+            + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "")
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        out = super().to_dict()
+        out["errors"] = self.errors
+        return out
+
+
+class PolicyViolation(CrdtStoreError, PermissionError):
+    """A write (or read) was refused by a collection's policy or a scope; nothing was written."""
+
+    code = "POLICY_VIOLATION"
+
+    def __init__(self, policy: str, agent: str, collection: str, key: str | None, reason: str):
+        self.policy = policy
+        self.agent = agent
+        self.collection = collection
+        self.key = key
+        self.reason = reason
+        where = f"{collection}[{key!r}]" if key is not None else collection
+        super().__init__(f"{policy} policy refuses {agent!r} on {where}: {reason}")
+
+
+class StaleVersion(CrdtStoreError):
+    """A guarded write's expected version is not current; nothing was written.
+
+    Carries the current version and value so the caller can retry on fresh data.
+    """
+
+    code = "STALE_VERSION"
+
+    def __init__(
+        self,
+        collection: str,
+        key: str | None,
+        expected: object,
+        current_version: object,
+        current_value: Any = None,
+    ) -> None:
+        self.collection = collection
+        self.key = key
+        self.expected_version = expected
+        self.current_version = current_version
+        self.current_value = current_value
+        where = f"{collection}[{key!r}]" if key is not None else collection
+        super().__init__(
+            f"stale write to {where}: expected version {expected!r}, current is {current_version!r}"
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        out = super().to_dict()
+        out["current_value"] = self.current_value
+        return out
+
+
+class BudgetExceeded(CrdtStoreError):
+    """A write would take a collection past a size budget; nothing was written."""
+
+    code = "BUDGET_EXCEEDED"
+
+    def __init__(self, collection: str, budget: str, used: int, adding: int, limit: int) -> None:
+        self.collection = collection
+        self.budget = budget
+        self.used = used
+        self.adding = adding
+        self.limit = limit
+        super().__init__(
+            f"{collection}: {budget} budget exceeded ({used} used + {adding} > limit {limit})"
+        )
+
+
+class InvalidResource(CrdtStoreError, ValueError):
+    """A lease resource is not acceptable (absolute path, escapes the repo, bad item id)."""
+
+    code = "INVALID_RESOURCE"
+
+    def __init__(self, resource: object, reason: str) -> None:
+        self.resource = repr(resource)
+        self.reason = reason
+        super().__init__(f"invalid resource {resource!r}: {reason}")
+
+
+class LeaseError(CrdtStoreError):
+    """Root of lease errors."""
+
+    code = "LEASE_ERROR"
+
+
+class LeaseHeld(LeaseError):
+    """The resource is held by someone else (and waiting was not asked for)."""
+
+    code = "LEASE_HELD"
+
+    def __init__(self, resource: str, holder: str, token: int | None = None) -> None:
+        self.resource = resource
+        self.holder = holder
+        self.token = token
+        super().__init__(f"{resource!r} is held by {holder!r}")
+
+
+class LeaseLost(LeaseError):
+    """The lease is no longer granted (expired, reaped, released) or its token is superseded."""
+
+    code = "LEASE_LOST"
+
+    def __init__(self, resource: str, reason: str, token: int | None = None) -> None:
+        self.resource = resource
+        self.reason = reason
+        self.token = token
+        super().__init__(f"lease on {resource!r} lost: {reason}")
+
+
+class LeaseNotFound(LeaseError, LookupError):
+    """No such lease or request (or it belongs to another owner)."""
+
+    code = "LEASE_NOT_FOUND"
+
+    def __init__(self, lease_id: object, reason: str = "no such lease") -> None:
+        self.lease_id = repr(lease_id)
+        self.reason = reason
+        super().__init__(f"lease {lease_id!r}: {reason}")
+
+
+class LeaseTimeout(LeaseError, TimeoutError):
+    """Waiting for a lease passed its deadline; the request was withdrawn."""
+
+    code = "LEASE_TIMEOUT"
+
+    def __init__(self, resources: list[str], waited: float) -> None:
+        self.resources = resources
+        self.waited = waited
+        super().__init__(f"timed out after {waited:.3f}s waiting for {resources!r}")

@@ -18,6 +18,7 @@ import logging
 from builtins import list as _List
 from collections import deque
 from collections.abc import AsyncIterator, Callable
+from time import time as _time
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -25,7 +26,7 @@ from anyio.abc import TaskGroup
 
 from ._collections import ListCollection, MapCollection, TextCollection
 from ._errors import BackendError, CrdtStoreError, StoreClosed
-from ._journal import SOURCES, Durability, JournalEntry, NewEntry, Op
+from ._journal import SOURCES, Durability, JournalEntry, Op
 from ._models import Change, HistoryEntry, Provenance
 from ._names import check_name
 from ._replica import Meta, Replica, now
@@ -94,7 +95,8 @@ class Record:
         self._max_pending = max_pending
         self.replica = Replica(max_update=store.max_update)
         self._collections: dict[tuple[str, str], Any] = {}
-        self._pending: deque[tuple[NewEntry, Meta]] = deque()
+        # (update, ops, meta) of local entries not yet journaled; entries are built at commit
+        self._pending: deque[tuple[bytes, _List[Op], Meta]] = deque()
         self._written = 0  # local entries made
         self._committed = 0  # local entries journaled
         self._commit_event = anyio.Event()
@@ -211,6 +213,11 @@ class Record:
             got = self._collections[(name, kind)] = cls(self, name, root)
         return got
 
+    @property
+    def skipped(self) -> _List[Any]:
+        """Corrupt journal entries (:class:`JournalCorrupt`) that were skipped, not applied."""
+        return self.replica.skipped
+
     def collections(self) -> dict[str, str]:
         """Every collection of the record: name -> kind (``map``, ``list``, ``text``)."""
         return self.replica.collections()
@@ -236,7 +243,8 @@ class Record:
 
     async def _write(self, ops: _List[Op], apply: Callable[[], None]) -> None:
         """Apply a validated local write and queue its journal entry."""
-        self._check_open()
+        if self._state != "open" or self._failure is not None:
+            self._check_open()
         if self._txn_task is not None:
             if anyio.get_current_task().id == self._txn_task:
                 assert self._txn_meta is not None
@@ -246,19 +254,21 @@ class Record:
             while self._txn_task is not None:
                 await self._txn_idle.wait()
             self._check_open()
-        meta = Meta(self.agent, self.source, now(), None)
-        self.replica.begin()
+        meta = Meta(self.agent, self.source, _time(), None)
         try:
-            self.replica.do(ops, apply, meta)
-        finally:
-            update = self.replica.end()
-            if update is not None:
-                self._enqueue(update, ops, meta)
-        await self._after_write()
+            update = self.replica.local(ops, apply, meta)
+        except BaseException:
+            partial, self.replica.partial_update = self.replica.partial_update, None
+            if partial is not None:
+                self._enqueue(partial, ops, meta)
+            raise
+        if update is not None:
+            self._enqueue(update, ops, meta)
+        if self.durability == "durable" or len(self._pending) > self._max_pending:
+            await self._after_write()
 
     def _enqueue(self, update: bytes, ops: _List[Op], meta: Meta) -> None:
-        entry = self.replica.entry(self.agent, self.source, update, ops, meta.wall_time)
-        self._pending.append((entry, meta))
+        self._pending.append((update, ops, meta))
         self._written += 1
         if not self._pending_event.is_set():
             self._pending_event.set()
@@ -301,11 +311,12 @@ class Record:
                 await self._pending_event.wait()
                 continue
             batch = list(self._pending)
+            entry = self.replica.entry
             try:
                 seqs = await self._backend.append(
                     self.tenant,
                     self.run,
-                    [e for e, _ in batch],
+                    [entry(m.agent, m.source, u, ops, m.wall_time) for u, ops, m in batch],
                     durable=self.durability == "durable",
                 )
             except CrdtStoreError as exc:
@@ -325,8 +336,9 @@ class Record:
             self._failure = None
             for _ in batch:
                 self._pending.popleft()
-            for (_, meta), seq in zip(batch, seqs, strict=True):
-                meta.seq = seq
+            journaled = self.replica.journaled
+            for (_, ops, meta), seq in zip(batch, seqs, strict=True):
+                journaled(ops, meta, seq)
             self._committed += len(batch)
             self._fire_commit()
             self._store._notifier.notify(self.tenant, self.run)

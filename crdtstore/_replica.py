@@ -13,9 +13,10 @@ replay and the simulator all drive. It knows how to
 from __future__ import annotations
 
 import difflib
+import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from pycrdt import Array, Doc, Map, Text, merge_updates
 
@@ -23,22 +24,27 @@ from ._errors import CollectionKindMismatch, InvalidUpdate, JournalCorrupt, Payl
 from ._journal import NewEntry, Op, Row, checksum
 from ._values import from_stored
 
+log = logging.getLogger("crdtstore.replica")
+
 REGISTRY = "__crdtstore_collections"
 KINDS: dict[str, type[Any]] = {"map": Map, "list": Array, "text": Text}
 DEFAULT_MAX_UPDATE = 16 * 1024 * 1024
 _EMPTY_UPDATES = (b"\x00\x00",)
 
 
-class Meta:
-    """Provenance of one journal entry (shared by every key it wrote)."""
+class Meta(NamedTuple):
+    """Provenance of one journal entry (shared by every key it wrote).
 
-    __slots__ = ("agent", "seq", "source", "wall_time")
+    A tuple of atomic values, so that the garbage collector stops tracking it: a record holds
+    one per written key, and tracked objects by the hundred thousand make every full
+    collection slow. ``seq`` is None until the entry is journaled; the record then replaces
+    the index entries with a copy carrying the position.
+    """
 
-    def __init__(self, agent: str, source: str, wall_time: float, seq: int | None) -> None:
-        self.agent = agent
-        self.source = source
-        self.wall_time = wall_time
-        self.seq = seq
+    agent: str
+    source: str
+    wall_time: float
+    seq: int | None
 
     def as_list(self) -> list[Any]:
         return [self.seq, self.agent, self.source, self.wall_time]
@@ -94,9 +100,11 @@ class Replica:
         self._kinds: dict[str, str] = {}
         self.index: dict[str, dict[str, Meta]] = {}
         self.seq = 0  # journal position reached, when driven by a replay
+        self.skipped: list[JournalCorrupt] = []  # corrupt journal entries not applied
         self._captured: bytes | None = None
         self._capturing = False
         self._txn_cm: Any = None
+        self.partial_update: bytes | None = None
         self.doc.observe(self._on_transaction)
 
     # -- collections --------------------------------------------------------------------------
@@ -159,14 +167,22 @@ class Replica:
         the registry never names a collection whose first write is missing, or vice versa.
         """
         for op in ops:
-            name = op[1]
-            if name not in self._kinds and self.registry.get(name) is None:
-                self.registry[name] = op[0]
-                self._kinds[name] = op[0]
+            if op[1] not in self._kinds:
+                self._register(op[1], op[0])
         apply()
         for op in ops:
             if op[0] == "map":
                 self.index.setdefault(op[1], {})[op[3]] = meta
+
+    def journaled(self, ops: list[Op], meta: Meta, seq: int) -> None:
+        """A local entry got its journal position: point its keys' provenance at it."""
+        done = meta._replace(seq=seq)
+        index = self.index
+        for op in ops:
+            if op[0] == "map":
+                keys = index.get(op[1])
+                if keys is not None and keys.get(op[3]) is meta:
+                    keys[op[3]] = done
 
     def end(self) -> bytes | None:
         """Commit the local transaction; return its update (None when nothing changed).
@@ -184,13 +200,41 @@ class Replica:
         return update
 
     def local(self, ops: list[Op], apply: Callable[[], None], meta: Meta) -> bytes | None:
-        """One local transaction: :meth:`begin`, :meth:`do`, :meth:`end`."""
-        self.begin()
+        """One local transaction (the hot path, equivalent to :meth:`begin`, :meth:`do`,
+        :meth:`end`): return its update, None when nothing changed.
+
+        If ``apply`` raises, what it applied is committed anyway (no rollback in pycrdt): the
+        update is left in :attr:`partial_update` for the caller to journal, then the error
+        propagates.
+        """
+        self._captured = None
+        self._capturing = True
+        kinds = self._kinds
         try:
-            self.do(ops, apply, meta)
+            with self.doc.transaction(origin=self.client_id):
+                for op in ops:
+                    if op[1] not in kinds:
+                        self._register(op[1], op[0])
+                apply()
+        except BaseException:
+            self.partial_update = self._captured
+            raise
         finally:
-            update = self.end()
+            self._capturing = False
+        index = self.index
+        for op in ops:
+            if op[0] == "map":
+                keys = index.get(op[1])
+                if keys is None:
+                    keys = index[op[1]] = {}
+                keys[op[3]] = meta
+        update, self._captured = self._captured, None
         return update
+
+    def _register(self, name: str, kind: str) -> None:
+        if self.registry.get(name) is None:
+            self.registry[name] = kind
+        self._kinds[name] = kind
 
     def entry(self, agent: str, source: str, update: bytes, ops: list[Op], wall: float) -> NewEntry:
         return NewEntry(agent, source, self.client_id, wall, update, ops, checksum(update))
@@ -240,8 +284,10 @@ class Replica:
         provenance. Map observers see that; they are attached only for the duration of the
         batch because they cost more than the writes themselves on the local path.
 
-        Raises:
-            JournalCorrupt: an entry's checksum does not match (nothing of it is applied).
+        An entry that fails its checksum or does not decode (a torn or corrupted entry) is
+        skipped, never applied, and recorded in :attr:`skipped` as a :class:`JournalCorrupt`;
+        the entries around it are applied as usual (DESIGN I4: a torn tail is skipped and
+        never corrupts earlier entries).
         """
         rows = list(rows)
         if not rows:
@@ -259,13 +305,25 @@ class Replica:
         try:
             for row in rows:
                 if checksum(row.update) != row.checksum:
-                    raise JournalCorrupt(run, row.seq, "checksum mismatch")
+                    self._skip(JournalCorrupt(run, row.seq, "checksum mismatch"))
+                    continue
                 current[0] = Meta(row.agent, row.source, row.wall_time, row.seq)
-                self.apply_update(row.update)
+                try:
+                    self.apply_update(row.update)
+                except (InvalidUpdate, PayloadTooLarge) as exc:
+                    self._skip(
+                        JournalCorrupt(
+                            run, row.seq, exc.reason if isinstance(exc, InvalidUpdate) else str(exc)
+                        )
+                    )
         finally:
             current[0] = None
             for root, sub in subs:
                 root.unobserve(sub)
+
+    def _skip(self, error: JournalCorrupt) -> None:
+        log.error("%s; entry skipped", error)
+        self.skipped.append(error)
 
     def _provenance_observer(self, name: str, current: list[Meta | None]) -> Callable[[Any], None]:
         # a one-argument callback: pycrdt passes the transaction too to two-argument ones

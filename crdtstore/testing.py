@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 from ._errors import UnknownRun
 from ._journal import JournalBackend, NewEntry, SnapshotRow, checksum
@@ -21,10 +22,17 @@ from ._journal import JournalBackend, NewEntry, SnapshotRow, checksum
 __all__ = ["check_journal_backend"]
 
 
-def _entry(i: int, effect: list[list[object]] | None = None) -> NewEntry:
+def _entry(i: int, effect: list[list[Any]] | None = None) -> NewEntry:
     update = f"update-{i}".encode()
-    return NewEntry(f"agent{i % 3}", "tool", 1000 + i, time.time(), update,
-                    effect if effect is not None else [], checksum(update))
+    return NewEntry(
+        f"agent{i % 3}",
+        "tool",
+        1000 + i,
+        time.time(),
+        update,
+        effect if effect is not None else [],
+        checksum(update),
+    )
 
 
 async def check_journal_backend(make: Callable[[], JournalBackend]) -> None:
@@ -73,7 +81,11 @@ async def _append_assigns_dense_positions(b: JournalBackend) -> None:
     assert [r.seq for r in rows] == [1, 2, 3]
     first = rows[0]
     assert (first.agent, first.source, first.client_id, first.update) == (
-        "agent0", "tool", 1000, b"update-0")
+        "agent0",
+        "tool",
+        1000,
+        b"update-0",
+    )
     assert first.checksum == checksum(b"update-0")
     assert [r.seq for r in await b.read("t", "r", 1)] == [2, 3]
     assert [r.seq for r in await b.read("t", "r", 1, limit=1)] == [2]
@@ -98,7 +110,7 @@ async def _runs_and_tenants_are_isolated(b: JournalBackend) -> None:
 
 async def _effects_and_history(b: JournalBackend) -> None:
     await b.ensure_run("t", "r", create=True)
-    effects = [
+    effects: list[list[list[Any]]] = [
         [["map", "m", "set", "k", {"v": 1}], ["list", "l", "ins", 0, [1]]],
         [["map", "m", "set", "other", 2]],
         [["map", "m", "del", "k"]],
