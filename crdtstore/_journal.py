@@ -24,10 +24,13 @@ from __future__ import annotations
 
 import zlib
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from typing import Any, Literal, NamedTuple
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Literal, NamedTuple, TypeVar
 
 from pydantic import BaseModel, ConfigDict
+
+T = TypeVar("T")
 
 Source = Literal["tool", "model", "user", "system"]
 SOURCES: frozenset[str] = frozenset(("tool", "model", "user", "system"))
@@ -124,6 +127,25 @@ class RunInfo(BaseModel):
     snapshot_seq: int
 
 
+class Authority(ABC):
+    """An open exclusive write transaction on one run's journal (see
+    :meth:`JournalBackend.authority`)."""
+
+    @abstractmethod
+    async def read(self, after: int) -> list[Row]:
+        """Every entry with ``seq > after``, in order."""
+
+    @abstractmethod
+    async def append(self, entries: Sequence[NewEntry]) -> list[int]:
+        """Append inside the transaction (visible to others once it commits)."""
+
+    async def run_sync(self, fn: Callable[[Any], T]) -> T:
+        """Run ``fn(conn)`` inside the transaction (SQLite: the sqlite3 connection), for
+        checks that must share it, such as lease fencing. Backends without a connection pass
+        None."""
+        return fn(None)
+
+
 class JournalBackend(ABC):
     """Where journals live. One instance per open store, used from one event loop.
 
@@ -189,6 +211,27 @@ class JournalBackend(ABC):
     @abstractmethod
     async def delete_run(self, tenant: str, run: str) -> bool:
         """Remove every byte of the run; return whether it existed."""
+
+    @abstractmethod
+    async def get_config(self, tenant: str, run: str) -> dict[str, Any]:
+        """The run's declarations (collection specs, ...) as JSON; ``{}`` if none."""
+
+    @abstractmethod
+    async def update_config(
+        self, tenant: str, run: str, update: Callable[[dict[str, Any]], dict[str, Any]]
+    ) -> dict[str, Any]:
+        """Atomically replace the run's config by ``update(current)``; return the new one.
+
+        ``update`` runs inside the backend's write transaction and may raise to abort.
+        """
+
+    @abstractmethod
+    def authority(
+        self, tenant: str, run: str, *, durable: bool
+    ) -> AbstractAsyncContextManager[Authority]:
+        """An exclusive write transaction on the run's journal: the serialisation point of
+        guarded writes. Nothing another writer appends can interleave until it ends; leaving
+        with an exception rolls back what was appended in it."""
 
     def notify_url(self) -> str | None:
         """An identifier shared by every process that opens the same backend, used to wake

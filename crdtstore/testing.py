@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import anyio
+
 from ._errors import UnknownRun
 from ._journal import JournalBackend, NewEntry, SnapshotRow, checksum
 
@@ -161,6 +163,61 @@ async def _delete_run_leaves_nothing(b: JournalBackend) -> None:
     assert await b.history("t", "r", "m", "k") == []
 
 
+async def _config_is_per_run_and_atomic(b: JournalBackend) -> None:
+    await b.ensure_run("t", "r", create=True)
+    await b.ensure_run("t", "other", create=True)
+    assert await b.get_config("t", "r") == {}
+    new = await b.update_config("t", "r", lambda c: {**c, "collections": {"m": {"policy": "x"}}})
+    assert new == {"collections": {"m": {"policy": "x"}}}
+    assert await b.get_config("t", "r") == new
+    assert await b.get_config("t", "other") == {}, "config must not leak across runs"
+
+    def refuse(_: dict[str, Any]) -> dict[str, Any]:
+        raise ValueError("no")
+
+    try:
+        await b.update_config("t", "r", refuse)
+    except ValueError:
+        pass
+    assert await b.get_config("t", "r") == new, "a failed update must change nothing"
+
+
+async def _authority_serialises_and_rolls_back(b: JournalBackend) -> None:
+    await b.ensure_run("t", "r", create=True)
+    await b.append("t", "r", [_entry(0)], durable=False)
+    async with b.authority("t", "r", durable=True) as auth:
+        assert [r.seq for r in await auth.read(0)] == [1]
+        assert await auth.append([_entry(1)]) == [2]
+    assert await b.head("t", "r") == 2
+    try:
+        async with b.authority("t", "r", durable=True) as auth:
+            assert await auth.append([_entry(2)]) == [3]
+            raise _Abort
+    except _Abort:
+        pass
+    assert await b.head("t", "r") == 2, "leaving an authority with an error must roll back"
+    assert [r.seq for r in await b.read("t", "r", 0)] == [1, 2]
+    # a plain append waits for an open authority transaction, then lands after it
+    order: list[str] = []
+
+    async def plain() -> None:
+        await b.append("t", "r", [_entry(5)], durable=False)
+        order.append("plain")
+
+    async with anyio.create_task_group() as tg:
+        async with b.authority("t", "r", durable=False) as auth:
+            tg.start_soon(plain)
+            await anyio.sleep(0.05)
+            await auth.append([_entry(4)])
+            order.append("authority")
+    assert order == ["authority", "plain"]
+    assert [r.update for r in await b.read("t", "r", 2)] == [b"update-4", b"update-5"]
+
+
+class _Abort(Exception):
+    pass
+
+
 _CHECKS = [
     _runs_are_created_on_request,
     _append_assigns_dense_positions,
@@ -168,4 +225,6 @@ _CHECKS = [
     _effects_and_history,
     _snapshots,
     _delete_run_leaves_nothing,
+    _config_is_per_run_and_atomic,
+    _authority_serialises_and_rolls_back,
 ]

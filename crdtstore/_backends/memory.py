@@ -7,13 +7,17 @@ Nothing survives the process.
 
 from __future__ import annotations
 
+import copy
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
+
+import anyio
 
 from .._errors import UnknownRun
-from .._journal import JournalBackend, NewEntry, Row, RunRow, SnapshotRow
+from .._journal import Authority, JournalBackend, NewEntry, Row, RunRow, SnapshotRow
 
 
 @dataclass
@@ -22,6 +26,24 @@ class _Run:
     rows: list[Row] = field(default_factory=list)
     head: int = 0
     snapshot: SnapshotRow | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    lock: anyio.Lock | None = None
+
+
+class _MemoryAuthority(Authority):
+    def __init__(self, journal: MemoryJournal, tenant: str, run: str) -> None:
+        self._j = journal
+        self._tenant = tenant
+        self._run = run
+        self.appended: list[int] = []
+
+    async def read(self, after: int) -> list[Row]:
+        return await self._j.read(self._tenant, self._run, after, limit=1 << 62)
+
+    async def append(self, entries: Sequence[NewEntry]) -> list[int]:
+        seqs = self._j._append(self._tenant, self._run, entries)
+        self.appended.extend(seqs)
+        return seqs
 
 
 @dataclass
@@ -75,6 +97,13 @@ class MemoryJournal(JournalBackend):
         self, tenant: str, run: str, entries: Sequence[NewEntry], *, durable: bool
     ) -> list[int]:
         r = self._run(tenant, run)
+        if r.lock is not None and r.lock.locked():
+            async with r.lock:  # wait for an open authority transaction to end
+                pass
+        return self._append(tenant, run, entries)
+
+    def _append(self, tenant: str, run: str, entries: Sequence[NewEntry]) -> list[int]:
+        r = self._run(tenant, run)
         seqs = []
         for e in entries:
             r.head += 1
@@ -112,6 +141,32 @@ class MemoryJournal(JournalBackend):
             for row in self._run(tenant, run).rows
             if any(op[0] == "map" and op[1] == collection and op[3] == key for op in row.effect)
         ]
+
+    async def get_config(self, tenant: str, run: str) -> dict[str, Any]:
+        return copy.deepcopy(self._run(tenant, run).config)
+
+    async def update_config(
+        self, tenant: str, run: str, update: Callable[[dict[str, Any]], dict[str, Any]]
+    ) -> dict[str, Any]:
+        r = self._run(tenant, run)
+        r.config = copy.deepcopy(update(copy.deepcopy(r.config)))
+        return copy.deepcopy(r.config)
+
+    @asynccontextmanager
+    async def authority(self, tenant: str, run: str, *, durable: bool) -> AsyncIterator[Authority]:
+        r = self._run(tenant, run)
+        if r.lock is None:
+            r.lock = anyio.Lock()
+        async with r.lock:
+            auth = _MemoryAuthority(self, tenant, run)
+            head = r.head
+            try:
+                yield auth
+            except BaseException:
+                # roll back what this transaction appended
+                r.rows = [row for row in r.rows if row.seq <= head]
+                r.head = head
+                raise
 
     async def delete_run(self, tenant: str, run: str) -> bool:
         return self._data.runs.pop((tenant, run), None) is not None

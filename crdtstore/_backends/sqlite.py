@@ -22,14 +22,16 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+import anyio
 import anyio.to_thread
 
 from .._errors import BackendError, UnknownRun, UnsupportedURL
-from .._journal import JournalBackend, NewEntry, Row, RunRow, SnapshotRow
+from .._journal import Authority, JournalBackend, NewEntry, Row, RunRow, SnapshotRow
 
 T = TypeVar("T")
 
@@ -41,6 +43,7 @@ CREATE TABLE IF NOT EXISTS runs (
     created REAL NOT NULL,
     head INTEGER NOT NULL DEFAULT 0,
     snapshot_seq INTEGER NOT NULL DEFAULT 0,
+    config TEXT NOT NULL DEFAULT '{}',
     UNIQUE (tenant, run)
 );
 CREATE TABLE IF NOT EXISTS journal (
@@ -118,6 +121,7 @@ class SQLiteJournal(JournalBackend):
         self._w: _Conn | None = None
         self._r: _Conn | None = None
         self._run_ids: dict[tuple[str, str], int] = {}
+        self._wlock: anyio.Lock | None = None  # serialises this process's use of _w
 
     def notify_url(self) -> str:
         return os.path.realpath(self.path)
@@ -141,21 +145,69 @@ class SQLiteJournal(JournalBackend):
 
         return await anyio.to_thread.run_sync(run)
 
+    @staticmethod
+    def _begin(conn: _Conn, db: sqlite3.Connection, durable: bool) -> None:
+        want = "FULL" if durable else "NORMAL"
+        if conn.synchronous != want:
+            db.execute(f"PRAGMA synchronous={want}")
+            conn.synchronous = want
+        db.execute("BEGIN IMMEDIATE")
+
     async def _write(self, fn: Callable[[sqlite3.Connection], T], *, durable: bool = False) -> T:
         conn = self._w
+        if conn is None or self._wlock is None:
+            raise BackendError("sqlite", "store is not open")
 
         def tx(db: sqlite3.Connection) -> T:
             assert conn is not None
-            want = "FULL" if durable else "NORMAL"
-            if conn.synchronous != want:
-                db.execute(f"PRAGMA synchronous={want}")
-                conn.synchronous = want
-            db.execute("BEGIN IMMEDIATE")
+            self._begin(conn, db, durable)
             out = fn(db)
             db.execute("COMMIT")
             return out
 
-        return await self._call(conn, tx)
+        async with self._wlock:
+            return await self._call(conn, tx)
+
+    @asynccontextmanager
+    async def authority(self, tenant: str, run: str, *, durable: bool) -> AsyncIterator[Authority]:
+        rid = await self._run_id(tenant, run)
+        conn = self._w
+        if conn is None or self._wlock is None:
+            raise BackendError("sqlite", "store is not open")
+        async with self._wlock:
+            await self._call(conn, lambda db: self._begin(conn, db, durable))
+            try:
+                yield _SQLiteAuthority(self, conn, tenant, run, rid)
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await self._call(conn, _rollback)
+                raise
+            with anyio.CancelScope(shield=True):
+                await self._call(conn, lambda db: db.execute("COMMIT"))
+
+    async def get_config(self, tenant: str, run: str) -> dict[str, Any]:
+        rid = await self._run_id(tenant, run)
+        row = await self._read(
+            lambda db: db.execute("SELECT config FROM runs WHERE id = ?", (rid,)).fetchone()
+        )
+        if row is None:
+            raise UnknownRun(tenant, run)
+        return dict(json.loads(row[0]))
+
+    async def update_config(
+        self, tenant: str, run: str, update: Callable[[dict[str, Any]], dict[str, Any]]
+    ) -> dict[str, Any]:
+        rid = await self._run_id(tenant, run)
+
+        def tx(db: sqlite3.Connection) -> dict[str, Any]:
+            row = db.execute("SELECT config FROM runs WHERE id = ?", (rid,)).fetchone()
+            if row is None:
+                raise UnknownRun(tenant, run)
+            new = update(json.loads(row[0]))
+            db.execute("UPDATE runs SET config = ? WHERE id = ?", (_dumps(new), rid))
+            return new
+
+        return await self._write(tx, durable=True)
 
     async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         return await self._call(self._r, fn)
@@ -172,6 +224,7 @@ class SQLiteJournal(JournalBackend):
                 return w, _Conn(self.path)
 
             self._w, self._r = await anyio.to_thread.run_sync(connect)
+            self._wlock = anyio.Lock()
         except (OSError, sqlite3.Error) as exc:
             raise BackendError("sqlite", f"cannot open {self.path}: {exc}") from exc
 
@@ -243,47 +296,10 @@ class SQLiteJournal(JournalBackend):
         if not entries:
             return []
         rid = await self._run_id(tenant, run)
-        n = len(entries)
         effects = [_dumps(e.effect) for e in entries]
 
         def tx(db: sqlite3.Connection) -> list[int]:
-            row = db.execute(
-                "UPDATE runs SET head = head + ? WHERE id = ? RETURNING head", (n, rid)
-            ).fetchone()
-            if row is None:
-                raise UnknownRun(tenant, run)
-            first = row[0] - n + 1
-            db.executemany(
-                "INSERT INTO journal (run_id, seq, agent, source, client_id, wall_time, upd,"
-                " effect, crc) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (
-                        rid,
-                        first + i,
-                        e.agent,
-                        e.source,
-                        e.client_id,
-                        e.wall_time,
-                        e.update,
-                        effects[i],
-                        e.checksum,
-                    )
-                    for i, e in enumerate(entries)
-                ],
-            )
-            keys = [
-                (rid, op[1], op[3], first + i)
-                for i, e in enumerate(entries)
-                for op in e.effect
-                if op[0] == "map"
-            ]
-            if keys:
-                db.executemany(
-                    "INSERT OR IGNORE INTO journal_keys (run_id, collection, key, seq)"
-                    " VALUES (?, ?, ?, ?)",
-                    keys,
-                )
-            return list(range(first, first + n))
+            return _append_tx(db, tenant, run, rid, entries, effects)
 
         return await self._write(tx, durable=durable)
 
@@ -384,3 +400,90 @@ class SQLiteJournal(JournalBackend):
         """``PRAGMA integrity_check`` of the store file ("ok" when healthy)."""
         row = await self._read(lambda db: db.execute("PRAGMA integrity_check").fetchone())
         return str(row[0])
+
+
+def _rollback(db: sqlite3.Connection) -> None:
+    if db.in_transaction:
+        db.execute("ROLLBACK")
+
+
+def _append_tx(
+    db: sqlite3.Connection,
+    tenant: str,
+    run: str,
+    rid: int,
+    entries: Sequence[NewEntry],
+    effects: list[str],
+) -> list[int]:
+    n = len(entries)
+    row = db.execute(
+        "UPDATE runs SET head = head + ? WHERE id = ? RETURNING head", (n, rid)
+    ).fetchone()
+    if row is None:
+        raise UnknownRun(tenant, run)
+    first = row[0] - n + 1
+    db.executemany(
+        "INSERT INTO journal (run_id, seq, agent, source, client_id, wall_time, upd,"
+        " effect, crc) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [
+            (
+                rid,
+                first + i,
+                e.agent,
+                e.source,
+                e.client_id,
+                e.wall_time,
+                e.update,
+                effects[i],
+                e.checksum,
+            )
+            for i, e in enumerate(entries)
+        ],
+    )
+    keys = [
+        (rid, op[1], op[3], first + i)
+        for i, e in enumerate(entries)
+        for op in e.effect
+        if op[0] == "map"
+    ]
+    if keys:
+        db.executemany(
+            "INSERT OR IGNORE INTO journal_keys (run_id, collection, key, seq) VALUES (?, ?, ?, ?)",
+            keys,
+        )
+    return list(range(first, first + n))
+
+
+class _SQLiteAuthority(Authority):
+    def __init__(
+        self, journal: SQLiteJournal, conn: _Conn, tenant: str, run: str, rid: int
+    ) -> None:
+        self._j = journal
+        self._conn = conn
+        self._tenant = tenant
+        self._run = run
+        self._rid = rid
+
+    async def read(self, after: int) -> list[Row]:
+        rid = self._rid
+        raw = await self._j._call(
+            self._conn,
+            lambda db: db.execute(
+                f"SELECT {SQLiteJournal._COLS} FROM journal WHERE run_id = ? AND seq > ?"
+                " ORDER BY seq",
+                (rid, after),
+            ).fetchall(),
+        )
+        return SQLiteJournal._rows(raw)
+
+    async def append(self, entries: Sequence[NewEntry]) -> list[int]:
+        if not entries:
+            return []
+        effects = [_dumps(e.effect) for e in entries]
+        return await self._j._call(
+            self._conn,
+            lambda db: _append_tx(db, self._tenant, self._run, self._rid, entries, effects),
+        )
+
+    async def run_sync(self, fn: Callable[[Any], T]) -> T:
+        return await self._j._call(self._conn, fn)
