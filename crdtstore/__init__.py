@@ -46,6 +46,8 @@ from ._models import Provenance as Provenance
 from ._record import Record as Record
 from ._replica import Replica as Replica
 from ._replica import tree_merge as tree_merge
+from ._semantics import CollectionSpec as CollectionSpec
+from ._semantics import check_effect as check_effect
 from ._store import CompactionResult as CompactionResult
 from ._store import Store as Store
 from ._store import open_store as open_store
@@ -57,6 +59,7 @@ __all__ = [
     "BudgetExceeded",
     "Change",
     "CollectionKindMismatch",
+    "CollectionSpec",
     "CompactionResult",
     "CrdtStoreError",
     "HistoryEntry",
@@ -87,6 +90,7 @@ __all__ = [
     "TextCollection",
     "UnknownRun",
     "UnsupportedURL",
+    "check_effect",
     "open_store",
     "tree_merge",
 ]

@@ -9,9 +9,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from pydantic import BaseModel
+
 from ._errors import InvalidValue
+from ._journal import Op
 from ._names import check_key
 from ._replica import text_diff
+from ._semantics import validate_value
 from ._values import from_stored, to_stored
 
 if TYPE_CHECKING:
@@ -24,10 +28,33 @@ _MISSING: Any = object()
 class _Collection:
     kind = ""
 
-    def __init__(self, rec: Record, name: str, root: Any) -> None:
+    def __init__(self, rec: Record, name: str, root: Any, model: type[BaseModel] | None) -> None:
         self._rec = rec
         self.name = name
         self._root = root
+        self._model = model
+
+    @property
+    def model(self) -> type[BaseModel] | None:
+        """The pydantic model values are validated against (this handle's, else the run's)."""
+        if self._model is not None:
+            return self._model
+        spec = self._rec._specs.get(self.name)
+        return spec.model if spec is not None else None
+
+    def _in(self, key: str | None, value: Any) -> Any:
+        """Validate a value for writing (schema, then JSON-likeness); return what to store."""
+        model = self.model
+        if model is not None:
+            value = validate_value(None, model, self.name, key, value)
+        return to_stored(value)
+
+    def _out(self, stored: Any) -> Any:
+        value = from_stored(stored)
+        model = self.model
+        if model is not None:
+            return model.model_validate(value)
+        return value
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} of run {self._rec.run!r}>"
@@ -43,13 +70,13 @@ class MapCollection(_Collection):
     def get(self, key: str, default: Any = None) -> Any:
         """The value at ``key``, or ``default``."""
         value = self._root.get(key, _MISSING)
-        return default if value is _MISSING else from_stored(value)
+        return default if value is _MISSING else self._out(value)
 
     def __getitem__(self, key: str) -> Any:
         value = self._root.get(key, _MISSING)
         if value is _MISSING:
             raise KeyError(key)
-        return from_stored(value)
+        return self._out(value)
 
     def __contains__(self, key: object) -> bool:
         return key in self._root
@@ -64,10 +91,16 @@ class MapCollection(_Collection):
         return list(self._root.keys())
 
     def values(self) -> list[Any]:
-        return [from_stored(v) for v in self._root.values()]
+        return [self._out(v) for v in self._root.values()]
 
     def items(self) -> list[tuple[str, Any]]:
-        return [(k, from_stored(v)) for k, v in self._root.items()]
+        return [(k, self._out(v)) for k, v in self._root.items()]
+
+    def get_versioned(self, key: str) -> tuple[Any, int | None]:
+        """``(value, version)`` of ``key``: the version is the journal position of the write
+        that made the current value, 0 if it was never written, None while that write is not
+        yet journaled (flush first). Pass it as ``expected_version`` to a guarded write."""
+        return self.get(key), self._rec.version(self.name, key)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.items())
@@ -82,25 +115,40 @@ class MapCollection(_Collection):
 
     # -- writes --
 
-    async def set(self, key: str, value: Any) -> None:
+    async def set(self, key: str, value: Any, *, expected_version: int | None = None) -> None:
         """Set ``key`` to ``value``.
+
+        Args:
+            expected_version: make it a guarded write: it succeeds only if ``key`` is still at
+                this version (see :meth:`get_versioned`; 0 = never written) at the store's
+                authority, and returns once journaled.
 
         Raises:
             InvalidName: ``key`` is not a non-empty string of at most 1024 characters.
             InvalidValue: ``value`` is not JSON-like (see ``crdtstore._values``).
+            SchemaInvalid: ``value`` fails the collection's model.
+            PolicyViolation: the collection's write policy refuses it.
+            BudgetExceeded: it would take the collection past a budget.
+            StaleVersion: (guarded) the version moved; carries the current version and value.
         """
         check_key(key)
-        stored = to_stored(value)
+        stored = self._in(key, value)
         root = self._root
 
         def apply() -> None:
             root[key] = stored
 
-        await self._rec._write([["map", self.name, "set", key, stored]], apply)
+        ops: list[Op] = [["map", self.name, "set", key, stored]]
+        if expected_version is None:
+            await self._rec._write(ops, apply)
+        else:
+            await self._rec._write_guarded(
+                self.name, key, expected_version, ops, apply, lambda: self.get(key)
+            )
 
     async def update(self, values: Mapping[str, Any]) -> None:
         """Set several keys in one transaction (one journal entry)."""
-        items = [(check_key(k), to_stored(v)) for k, v in dict(values).items()]
+        items = [(check_key(k), self._in(k, v)) for k, v in dict(values).items()]
         if not items:
             return
         root = self._root
@@ -111,17 +159,27 @@ class MapCollection(_Collection):
 
         await self._rec._write([["map", self.name, "set", k, v] for k, v in items], apply)
 
-    async def delete(self, key: str) -> bool:
-        """Delete ``key``; return whether it was there (nothing is journaled if not)."""
+    async def delete(self, key: str, *, expected_version: int | None = None) -> bool:
+        """Delete ``key``; return whether it was there (nothing is journaled if not).
+
+        Raises as :meth:`set` (``expected_version`` makes it a guarded delete).
+        """
         check_key(key)
-        if key not in self._root:
-            return False
         root = self._root
 
         def apply() -> None:
-            del root[key]
+            if key in root:
+                del root[key]
 
-        await self._rec._write([["map", self.name, "del", key]], apply)
+        ops: list[Op] = [["map", self.name, "del", key]]
+        if expected_version is not None:
+            await self._rec._write_guarded(
+                self.name, key, expected_version, ops, apply, lambda: self.get(key)
+            )
+            return True
+        if key not in root:
+            return False
+        await self._rec._write(ops, apply)
         return True
 
 
@@ -134,13 +192,13 @@ class ListCollection(_Collection):
         return len(self._root)
 
     def __getitem__(self, index: int) -> Any:
-        return from_stored(self._root[index])
+        return self._out(self._root[index])
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self.to_list())
 
     def to_list(self) -> list[Any]:
-        return [from_stored(v) for v in self._root]
+        return [self._out(v) for v in self._root]
 
     def _check_index(self, index: int, *, end: bool) -> int:
         if type(index) is not int:
@@ -158,7 +216,7 @@ class ListCollection(_Collection):
 
     async def extend(self, values: Iterable[Any]) -> None:
         """Append several values in one transaction."""
-        stored = [to_stored(v) for v in values]
+        stored = [self._in(None, v) for v in values]
         if not stored:
             return
         root = self._root
@@ -176,7 +234,7 @@ class ListCollection(_Collection):
             IndexError: ``index`` out of range. InvalidValue: not JSON-like.
         """
         index = self._check_index(index, end=True)
-        stored = to_stored(value)
+        stored = self._in(None, value)
         root = self._root
 
         def apply() -> None:

@@ -17,19 +17,38 @@ from __future__ import annotations
 import logging
 from builtins import list as _List
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from time import time as _time
 from typing import TYPE_CHECKING, Any
 
 import anyio
 from anyio.abc import TaskGroup
+from pydantic import BaseModel
 
 from ._collections import ListCollection, MapCollection, TextCollection
-from ._errors import BackendError, CrdtStoreError, StoreClosed
-from ._journal import SOURCES, Durability, JournalEntry, Op
+from ._errors import (
+    BackendError,
+    CollectionKindMismatch,
+    CrdtStoreError,
+    InvalidValue,
+    StaleVersion,
+    StoreClosed,
+)
+from ._journal import SOURCES, Durability, JournalEntry, NewEntry, Op
 from ._models import Change, HistoryEntry, Provenance
 from ._names import check_name
 from ._replica import Meta, Replica, now
+from ._semantics import (
+    BYTES_PER_TOKEN,
+    Budget,
+    CollectionSpec,
+    check_budget,
+    check_effect,
+    coerce_schema,
+    measure,
+    spec_from_declaration,
+    value_size,
+)
 
 if TYPE_CHECKING:
     from ._notify import Watch
@@ -75,10 +94,9 @@ class Record:
         *,
         durability: Durability | None = None,
         create: bool = True,
+        schema: Mapping[str, CollectionSpec] | None = None,
         max_pending: int = 10_000,
     ) -> None:
-        from ._errors import InvalidValue
-
         self.run = check_name("run", run)
         self.agent = check_name("agent", agent)
         if source not in SOURCES:
@@ -94,13 +112,17 @@ class Record:
         self._create = create
         self._max_pending = max_pending
         self.replica = Replica(max_update=store.max_update)
-        self._collections: dict[tuple[str, str], Any] = {}
+        self._declare = coerce_schema(schema)
+        self._specs: dict[str, CollectionSpec] = {}  # the run's declarations (enforced)
+        self._usage: dict[str, Budget] = {}  # budget totals of budgeted collections
+        self._collections: dict[tuple[str, str, Any], Any] = {}
         # (update, ops, meta) of local entries not yet journaled; entries are built at commit
         self._pending: deque[tuple[bytes, _List[Op], Meta]] = deque()
         self._written = 0  # local entries made
         self._committed = 0  # local entries journaled
         self._commit_event = anyio.Event()
         self._pending_event = anyio.Event()
+        self._commit_lock = anyio.Lock()  # one journal append of this record at a time
         self._failure: BaseException | None = None
         self.applied_seq = 0  # highest journal position this replica has taken in
         self._subscribers: _List[_Subscriber] = []
@@ -124,6 +146,7 @@ class Record:
             raise StoreClosed("record")
         self._store._check_open()
         await self._backend.ensure_run(self.tenant, self.run, create=self._create)
+        await self._load_specs(self._declare)
         await self._load()
         self._watch = self._store._notifier.watch(self.tenant, self.run)
         self._tg = anyio.create_task_group()
@@ -173,6 +196,51 @@ class Record:
         if self._failure is not None:
             raise self._failure
 
+    async def _load_specs(self, declare: Mapping[str, CollectionSpec]) -> None:
+        for name, spec in declare.items():
+            check_name("collection", name)
+            spec.check_declarable(name)
+        if declare:
+
+            def merge(config: dict[str, Any]) -> dict[str, Any]:
+                cols = dict(config.get("collections", {}))
+                for name, spec in declare.items():
+                    new = spec.declaration()
+                    cur = cols.get(name)
+                    if cur is None:
+                        cols[name] = new
+                    elif cur != new:
+                        raise InvalidValue(
+                            f"collection {name!r} is declared as {cur}; cannot redeclare as {new}"
+                        )
+                return {**config, "collections": cols}
+
+            config = await self._backend.update_config(self.tenant, self.run, merge)
+        else:
+            config = await self._backend.get_config(self.tenant, self.run)
+        specs = {n: spec_from_declaration(d) for n, d in config.get("collections", {}).items()}
+        for name, spec in {**self._specs, **declare}.items():
+            if spec.model is not None and name in specs:
+                specs[name] = specs[name].model_copy(update={"model": spec.model})
+        self._specs = specs
+
+    async def declare(self, name: str, spec: CollectionSpec) -> None:
+        """Declare a collection's kind, policies, budgets and model for the whole run.
+
+        The first declaration of a name wins and every writer enforces it; declaring it again
+        identically is a no-op.
+
+        Raises:
+            InvalidName: a bad collection name.
+            InvalidValue: declared differently already, or an inapplicable policy.
+        """
+        self._check_open()
+        await self._load_specs({name: spec})
+
+    def spec(self, name: str) -> CollectionSpec | None:
+        """The run's declaration of collection ``name`` (None when undeclared: open)."""
+        return self._specs.get(name)
+
     async def _load(self) -> None:
         snap = await self._backend.load_snapshot(self.tenant, self.run)
         if snap is not None:
@@ -188,29 +256,38 @@ class Record:
 
     # -- collections ----------------------------------------------------------------------------
 
-    def map(self, name: str) -> MapCollection:
+    def map(self, name: str, *, model: type[BaseModel] | None = None) -> MapCollection:
         """The map collection ``name`` (created on first write).
+
+        Args:
+            model: validate every value against this pydantic model and read values back as
+                its instances (defaults to the model of the run's declaration, if any).
 
         Raises:
             InvalidName: a bad collection name.
             CollectionKindMismatch: ``name`` is a list or a text.
         """
-        return self._collection(name, "map", MapCollection)  # type: ignore[no-any-return]
+        return self._collection(name, "map", MapCollection, model)  # type: ignore[no-any-return]
 
-    def list(self, name: str) -> ListCollection:
-        """The list collection ``name`` (created on first write). Raises as :meth:`map`."""
-        return self._collection(name, "list", ListCollection)  # type: ignore[no-any-return]
+    def list(self, name: str, *, model: type[BaseModel] | None = None) -> ListCollection:
+        """The list collection ``name`` (created on first write). Arguments as :meth:`map`."""
+        return self._collection(name, "list", ListCollection, model)  # type: ignore[no-any-return]
 
     def text(self, name: str) -> TextCollection:
         """The text collection ``name`` (created on first write). Raises as :meth:`map`."""
-        return self._collection(name, "text", TextCollection)  # type: ignore[no-any-return]
+        return self._collection(name, "text", TextCollection, None)  # type: ignore[no-any-return]
 
-    def _collection(self, name: str, kind: str, cls: Callable[..., Any]) -> Any:
-        got = self._collections.get((name, kind))
+    def _collection(
+        self, name: str, kind: str, cls: Callable[..., Any], model: type[BaseModel] | None
+    ) -> Any:
+        got = self._collections.get((name, kind, model))
         if got is None:
             check_name("collection", name)
+            spec = self._specs.get(name)
+            if spec is not None and spec.kind != kind:
+                raise CollectionKindMismatch(name, spec.kind, kind)
             root = self.replica.root(name, kind)
-            got = self._collections[(name, kind)] = cls(self, name, root)
+            got = self._collections[(name, kind, model)] = cls(self, name, root, model)
         return got
 
     @property
@@ -248,12 +325,16 @@ class Record:
         if self._txn_task is not None:
             if anyio.get_current_task().id == self._txn_task:
                 assert self._txn_meta is not None
+                usage = self._enforce(ops, conditional=False) if self._specs else None
                 self.replica.do(ops, apply, self._txn_meta)
                 self._txn_ops.extend(ops)
+                self._account(usage)
                 return
             while self._txn_task is not None:
                 await self._txn_idle.wait()
             self._check_open()
+        # Policies and budgets are checked before the document is touched (no rollback).
+        usage = self._enforce(ops, conditional=False) if self._specs else None
         meta = Meta(self.agent, self.source, _time(), None)
         try:
             update = self.replica.local(ops, apply, meta)
@@ -264,8 +345,187 @@ class Record:
             raise
         if update is not None:
             self._enqueue(update, ops, meta)
+        if usage is not None:
+            self._account(usage)
         if self.durability == "durable" or len(self._pending) > self._max_pending:
             await self._after_write()
+
+    # -- policies, budgets, versions ------------------------------------------------------------
+
+    def exists(self, collection: str, key: str) -> bool:
+        """StateView: whether map ``collection`` has ``key`` now."""
+        return key in self.replica.root(collection, "map")
+
+    def owner(self, collection: str, key: str) -> str | None:
+        """StateView: the agent that created the entry. Under the owner policy only the creator
+        can change an entry, so the writer of the current value is the creator."""
+        meta = self.replica.index.get(collection, {}).get(key)
+        return None if meta is None else meta.agent
+
+    def length(self, collection: str, kind: str) -> int:
+        """StateView: entries of a list, characters of a text."""
+        return len(self.replica.root(collection, kind))
+
+    def _enforce(
+        self, ops: _List[Op], *, conditional: bool
+    ) -> _List[tuple[Budget, int, int]] | None:
+        check_effect(self._specs, ops, self.agent, self, conditional=conditional)
+        out = None
+        for name in dict.fromkeys(op[1] for op in ops):
+            spec = self._specs.get(name)
+            if spec is None or (
+                spec.max_entries is None and spec.max_bytes is None and spec.max_value_bytes is None
+            ):
+                continue
+            usage = self._usage_of(name, spec.kind)
+            removed_bytes, removed_entries = self._removed(name, spec.kind, ops)
+            add_e, add_b = check_budget(spec, name, usage, ops, removed_bytes, removed_entries)
+            out = out or []
+            out.append((usage, add_e, add_b))
+        return out
+
+    @staticmethod
+    def _account(usage: _List[tuple[Budget, int, int]] | None) -> None:
+        for budget, add_e, add_b in usage or ():
+            budget.entries += add_e
+            budget.bytes += add_b
+
+    def _usage_of(self, name: str, kind: str) -> Budget:
+        usage = self._usage.get(name)
+        if usage is None:
+            usage = self._usage[name] = measure(kind, self.replica.root(name, kind))
+        return usage
+
+    def _removed(self, name: str, kind: str, ops: _List[Op]) -> tuple[int, int]:
+        root = self.replica.root(name, kind)
+        nbytes = entries = 0
+        for op in ops:
+            if op[1] != name:
+                continue
+            if kind == "map":
+                if op[3] in root:
+                    nbytes += value_size(root[op[3]])
+                    entries += 1
+            elif op[2] == "del":
+                if kind == "list":
+                    for v in root[op[3] : op[3] + op[4]]:
+                        nbytes += value_size(v)
+                    entries += op[4]
+                else:
+                    nbytes += len(str(root)[op[3] : op[3] + op[4]].encode())
+        return nbytes, entries
+
+    def size(self) -> dict[str, dict[str, int]]:
+        """Entries, bytes (values as compact JSON) and estimated model tokens per collection,
+        plus a ``"*"`` total, so a summariser can be scheduled before a budget is reached."""
+        out: dict[str, dict[str, int]] = {}
+        total = Budget(0, 0)
+        for name, kind in self.replica.collections().items():
+            b = measure(kind, self.replica.root(name, kind))
+            total.entries += b.entries
+            total.bytes += b.bytes
+            out[name] = {
+                "entries": b.entries,
+                "bytes": b.bytes,
+                "tokens": -(-b.bytes // BYTES_PER_TOKEN),
+            }
+        out["*"] = {
+            "entries": total.entries,
+            "bytes": total.bytes,
+            "tokens": -(-total.bytes // BYTES_PER_TOKEN),
+        }
+        return out
+
+    def version(self, collection: str, key: str) -> int | None:
+        """The version of ``collection[key]``: the journal position of the write that made
+        its current value (0 if never written; None while that write is not journaled yet,
+        call :meth:`flush` first)."""
+        meta = self.replica.index.get(collection, {}).get(key)
+        return 0 if meta is None else meta.seq
+
+    async def _write_guarded(
+        self,
+        name: str,
+        key: str,
+        expected: int,
+        ops: _List[Op],
+        apply: Callable[[], None],
+        current: Callable[[], Any],
+    ) -> int:
+        """A conditional write, serialised by the store's authority: apply every entry not yet
+        seen, check that ``name[key]`` is still at version ``expected``, then apply and
+        journal the write, all inside one exclusive journal transaction."""
+        if self._state != "open" or self._failure is not None:
+            self._check_open()
+        if type(expected) is not int or expected < 0:
+            raise InvalidValue(f"expected_version must be an int >= 0, not {expected!r}")
+        while self._txn_task is not None:
+            if anyio.get_current_task().id == self._txn_task:
+                raise InvalidValue("a guarded write cannot be part of rec.transaction()")
+            await self._txn_idle.wait()
+        meta: Meta | None = None
+        update: bytes | None = None
+        journaled = False
+        async with self._commit_lock:
+            try:
+                async with self._backend.authority(self.tenant, self.run, durable=True) as auth:
+                    # our own earlier writes go first: the journal order stays causal
+                    batch = list(self._pending)
+                    seqs = await auth.append(self._entries(batch)) if batch else []
+                    rows = await auth.read(self.applied_seq)
+                    if rows:
+                        await self._apply_remote(rows)
+                    version = self._version_with(name, key, batch, seqs)
+                    if version != expected:
+                        raise StaleVersion(name, key, expected, version, current())
+                    usage = self._enforce(ops, conditional=True) if self._specs else None
+                    meta = Meta(self.agent, self.source, _time(), None)
+                    try:
+                        update = self.replica.local(ops, apply, meta)
+                    except BaseException:
+                        update, self.replica.partial_update = self.replica.partial_update, None
+                        raise
+                    finally:
+                        self._account(usage)
+                    own = await auth.append(self._entries([(update, ops, meta)])) if update else []
+                    journaled = True
+            except BaseException:
+                if update is not None and meta is not None and not journaled:
+                    # applied to the document but not journaled: keep it for the committer
+                    self._enqueue(update, ops, meta)
+                raise
+            if batch:
+                self._mark_committed(batch, seqs)
+            if update is None or meta is None:
+                return version
+            self._written += 1
+            self._mark_committed_guarded(ops, meta, own[0])
+            if self._subscribers:
+                self._emit(ops, self.agent, self.source, own[0], local=True)
+            return own[0]
+
+    def _mark_committed_guarded(self, ops: _List[Op], meta: Meta, seq: int) -> None:
+        self.replica.journaled(ops, meta, seq)
+        self._committed += 1
+        self._fire_commit()
+        self._store._notifier.notify(self.tenant, self.run)
+
+    def _version_with(
+        self,
+        name: str,
+        key: str,
+        batch: _List[tuple[bytes, _List[Op], Meta]],
+        seqs: _List[int],
+    ) -> int | None:
+        meta = self.replica.index.get(name, {}).get(key)
+        if meta is None:
+            return 0
+        if meta.seq is not None:
+            return meta.seq
+        for (_, _, m), seq in zip(batch, seqs, strict=True):
+            if m is meta:
+                return seq
+        return None
 
     def _enqueue(self, update: bytes, ops: _List[Op], meta: Meta) -> None:
         self._pending.append((update, ops, meta))
@@ -310,38 +570,49 @@ class Record:
                 self._pending_event = anyio.Event()
                 await self._pending_event.wait()
                 continue
-            batch = list(self._pending)
-            entry = self.replica.entry
-            try:
-                seqs = await self._backend.append(
-                    self.tenant,
-                    self.run,
-                    [entry(m.agent, m.source, u, ops, m.wall_time) for u, ops, m in batch],
-                    durable=self.durability == "durable",
-                )
-            except CrdtStoreError as exc:
-                # Keep the entries queued and retry: a locked or full disk may recover. Writers
-                # waiting for durability learn of the failure now, not after the retries.
-                log.warning("journal append failed (%s); retrying in %.2fs", exc, backoff)
-                self._failure = (
-                    exc
-                    if isinstance(exc, BackendError)
-                    else BackendError(self._backend.name, str(exc))
-                )
-                self._fire_commit()
-                await anyio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
-                continue
-            backoff = 0.01
-            self._failure = None
-            for _ in batch:
-                self._pending.popleft()
-            journaled = self.replica.journaled
-            for (_, ops, meta), seq in zip(batch, seqs, strict=True):
-                journaled(ops, meta, seq)
-            self._committed += len(batch)
-            self._fire_commit()
-            self._store._notifier.notify(self.tenant, self.run)
+            async with self._commit_lock:
+                batch = list(self._pending)
+                if not batch:
+                    continue
+                try:
+                    seqs = await self._backend.append(
+                        self.tenant,
+                        self.run,
+                        self._entries(batch),
+                        durable=self.durability == "durable",
+                    )
+                except CrdtStoreError as exc:
+                    # Keep the entries queued and retry: a locked or full disk may recover.
+                    # Writers waiting for durability learn of the failure now.
+                    log.warning("journal append failed (%s); retrying in %.2fs", exc, backoff)
+                    self._failure = (
+                        exc
+                        if isinstance(exc, BackendError)
+                        else BackendError(self._backend.name, str(exc))
+                    )
+                    self._fire_commit()
+                    await anyio.sleep(backoff)
+                    backoff = min(backoff * 2, 2.0)
+                    continue
+                backoff = 0.01
+                self._failure = None
+                self._mark_committed(batch, seqs)
+
+    def _entries(self, batch: _List[tuple[bytes, _List[Op], Meta]]) -> _List[NewEntry]:
+        entry = self.replica.entry
+        return [entry(m.agent, m.source, u, ops, m.wall_time) for u, ops, m in batch]
+
+    def _mark_committed(
+        self, batch: _List[tuple[bytes, _List[Op], Meta]], seqs: _List[int]
+    ) -> None:
+        for _ in batch:
+            self._pending.popleft()
+        journaled = self.replica.journaled
+        for (_, ops, meta), seq in zip(batch, seqs, strict=True):
+            journaled(ops, meta, seq)
+        self._committed += len(batch)
+        self._fire_commit()
+        self._store._notifier.notify(self.tenant, self.run)
 
     def _fire_commit(self) -> None:
         old, self._commit_event = self._commit_event, anyio.Event()
@@ -365,6 +636,10 @@ class Record:
     async def _apply_remote(self, rows: _List[Any]) -> None:
         while self._txn_task is not None:  # never mix a remote update into a local txn
             await self._txn_idle.wait()
+        # the tail and a guarded write may both have read the same entries
+        rows = [r for r in rows if r.seq > self.applied_seq]
+        if not rows:
+            return
         if rows[0].seq > self.applied_seq + 1:
             # the entries we missed were compacted away; the snapshot holds them
             snap = await self._backend.load_snapshot(self.tenant, self.run)
@@ -374,6 +649,10 @@ class Record:
         foreign = [r for r in rows if r.client_id != own]
         if foreign:
             self.replica.apply_rows(foreign, self.run)
+            if self._usage:
+                for r in foreign:
+                    for op in r.effect:
+                        self._usage.pop(op[1], None)
         self.applied_seq = rows[-1].seq
         if self._subscribers:
             for r in foreign:

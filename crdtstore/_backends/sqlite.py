@@ -128,7 +128,13 @@ class SQLiteJournal(JournalBackend):
 
     # -- plumbing -----------------------------------------------------------------------------
 
-    async def _call(self, conn: _Conn | None, fn: Callable[[sqlite3.Connection], T]) -> T:
+    async def _call(
+        self,
+        conn: _Conn | None,
+        fn: Callable[[sqlite3.Connection], T],
+        *,
+        in_authority: bool = False,
+    ) -> T:
         if conn is None:
             raise BackendError("sqlite", "store is not open")
         if os.getpid() != self._pid:
@@ -142,6 +148,12 @@ class SQLiteJournal(JournalBackend):
                     if conn.db.in_transaction:
                         conn.db.execute("ROLLBACK")
                     raise BackendError("sqlite", f"{type(exc).__name__}: {exc}") from exc
+                except BaseException:
+                    # an error of the caller's function (a refused config update, ...) must
+                    # not leave the connection inside a transaction
+                    if conn.db.in_transaction and not in_authority:
+                        conn.db.execute("ROLLBACK")
+                    raise
 
         return await anyio.to_thread.run_sync(run)
 
@@ -473,6 +485,7 @@ class _SQLiteAuthority(Authority):
                 " ORDER BY seq",
                 (rid, after),
             ).fetchall(),
+            in_authority=True,
         )
         return SQLiteJournal._rows(raw)
 
@@ -483,7 +496,8 @@ class _SQLiteAuthority(Authority):
         return await self._j._call(
             self._conn,
             lambda db: _append_tx(db, self._tenant, self._run, self._rid, entries, effects),
+            in_authority=True,
         )
 
     async def run_sync(self, fn: Callable[[Any], T]) -> T:
-        return await self._j._call(self._conn, fn)
+        return await self._j._call(self._conn, fn, in_authority=True)

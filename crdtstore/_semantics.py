@@ -1,0 +1,245 @@
+"""Record semantics that the store enforces: collection specs, write policies and budgets.
+
+Everything here is pure: :func:`check_effect` decides, from a transaction's *effect* (the
+operations it makes, see ``_journal``), its author and a read-only view of the current state,
+whether the write is allowed. The record runs it before touching the document (pycrdt has no
+rollback); the sync hub can run the same function on every update from an untrusted client.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from ._errors import BudgetExceeded, InvalidValue, PolicyViolation, SchemaInvalid
+from ._journal import Op
+
+Policy = Literal["open", "append_only", "owner", "guarded"]
+Conflict = Literal["lww", "keep_all"]
+Kind = Literal["map", "list", "text"]
+
+# A common rule of thumb for English text and JSON: about four bytes per model token.
+BYTES_PER_TOKEN = 4
+
+_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
+def value_size(value: Any) -> int:
+    """Bytes of a stored value as compact UTF-8 JSON (what budgets count)."""
+    return len(_dumps(value).encode())
+
+
+class CollectionSpec(BaseModel):
+    """How a collection behaves. Declared once per run, enforced for every writer.
+
+    Args:
+        kind: ``map``, ``list`` or ``text``.
+        policy: ``open`` (anyone), ``append_only`` (no overwrite, no delete, no insert in the
+            middle), ``owner`` (maps: only the agent that created an entry may change or
+            delete it) or ``guarded`` (only conditional writes, with ``expected_version``).
+        conflict: ``lww`` (last writer wins; losers stay in history).
+        max_entries, max_bytes: budgets for the whole collection (entries; bytes of its
+            values as compact JSON).
+        max_value_bytes: the largest single value.
+        model: a pydantic model every value must validate against (kept in this process; the
+            model's name is recorded with the declaration).
+    """
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    kind: Kind = "map"
+    policy: Policy = "open"
+    conflict: Conflict = "lww"
+    max_entries: int | None = Field(default=None, ge=0)
+    max_bytes: int | None = Field(default=None, ge=0)
+    max_value_bytes: int | None = Field(default=None, ge=0)
+    model: type[BaseModel] | None = Field(default=None, exclude=True)
+
+    @field_validator("conflict")
+    @classmethod
+    def _supported_conflict(cls, v: str) -> str:
+        if v != "lww":
+            raise ValueError("only the 'lww' conflict policy is implemented so far")
+        return v
+
+    def declaration(self) -> dict[str, Any]:
+        """The JSON form persisted in the run's config."""
+        out = self.model_dump(mode="json", exclude={"model"})
+        out["model_name"] = self.model.__qualname__ if self.model is not None else None
+        return out
+
+    def check_declarable(self, name: str) -> None:
+        if self.policy == "owner" and self.kind != "map":
+            raise InvalidValue(f"collection {name!r}: the owner policy applies to maps only")
+        if self.policy == "guarded" and self.kind != "map":
+            raise InvalidValue(f"collection {name!r}: the guarded policy applies to maps only")
+
+
+def spec_from_declaration(data: Mapping[str, Any]) -> CollectionSpec:
+    return CollectionSpec.model_validate({k: v for k, v in data.items() if k != "model_name"})
+
+
+class StateView(Protocol):
+    """What :func:`check_effect` may ask about the state a write would apply to."""
+
+    def exists(self, collection: str, key: str) -> bool: ...
+
+    def owner(self, collection: str, key: str) -> str | None: ...
+
+    def length(self, collection: str, kind: str) -> int: ...
+
+
+def check_effect(
+    specs: Mapping[str, CollectionSpec],
+    effect: Sequence[Op],
+    agent: str,
+    state: StateView,
+    *,
+    conditional: bool = False,
+) -> None:
+    """Refuse an effect that a collection's write policy forbids.
+
+    Args:
+        specs: the run's declared collections (undeclared ones are ``open``).
+        effect: the operations of one transaction.
+        agent: who makes it.
+        state: the state it would apply to.
+        conditional: the write is a guarded write (checked against a version).
+
+    Raises:
+        PolicyViolation: naming the policy, the agent and the key.
+    """
+    lengths: dict[str, int] = {}
+    for op in effect:
+        kind, name, action = op[0], op[1], op[2]
+        spec = specs.get(name)
+        if spec is None or spec.policy == "open":
+            continue
+        policy = spec.policy
+        if kind == "map":
+            key = op[3]
+            if policy == "guarded" and not conditional:
+                raise PolicyViolation(
+                    policy,
+                    agent,
+                    name,
+                    key,
+                    "only guarded writes (with expected_version) are allowed",
+                )
+            exists = state.exists(name, key)
+            if policy == "append_only" and (action == "del" or exists):
+                what = "delete" if action == "del" else "overwrite"
+                raise PolicyViolation(policy, agent, name, key, f"may not {what} an entry")
+            if policy == "owner" and exists:
+                owner = state.owner(name, key)
+                if owner is not None and owner != agent:
+                    raise PolicyViolation(
+                        policy, agent, name, key, f"the entry belongs to {owner!r}"
+                    )
+            continue
+        # lists and texts: append_only is the only policy that applies
+        n = lengths.get(name)
+        if n is None:
+            n = state.length(name, kind)
+        if action == "del":
+            raise PolicyViolation(policy, agent, name, None, "may not delete")
+        if op[3] != n:
+            raise PolicyViolation(
+                policy, agent, name, None, f"may only append (insert at {op[3]}, length {n})"
+            )
+        lengths[name] = n + len(op[4])  # items of a list insert, characters of a text one
+
+
+def validate_value(
+    spec: CollectionSpec | None,
+    model: type[BaseModel] | None,
+    collection: str,
+    key: str | None,
+    value: Any,
+) -> Any:
+    """Validate ``value`` against the collection's model; return its JSON-able form.
+
+    Raises:
+        SchemaInvalid: carrying pydantic's error list.
+    """
+    model = model or (spec.model if spec is not None else None)
+    if model is None:
+        return value
+    try:
+        instance = value if isinstance(value, model) else model.model_validate(value)
+    except ValidationError as exc:
+        raise SchemaInvalid(collection, key, json.loads(exc.json())) from None
+    return instance.model_dump(mode="json")
+
+
+class Budget:
+    """Running totals of one collection, kept up to date by the record."""
+
+    __slots__ = ("bytes", "entries")
+
+    def __init__(self, entries: int, nbytes: int) -> None:
+        self.entries = entries
+        self.bytes = nbytes
+
+
+def check_budget(
+    spec: CollectionSpec,
+    name: str,
+    usage: Budget,
+    effect: Sequence[Op],
+    removed_bytes: int,
+    removed_entries: int,
+) -> tuple[int, int]:
+    """Refuse an effect that would take the collection past a budget.
+
+    Returns the (entries, bytes) the collection adds (may be negative).
+
+    Raises:
+        BudgetExceeded: with the figures.
+    """
+    add_entries = -removed_entries
+    add_bytes = -removed_bytes
+    for op in effect:
+        if op[1] != name or op[2] == "del":
+            continue
+        values = op[4] if op[0] == "list" else [op[4]]
+        for v in values:
+            size = value_size(v) if op[0] != "text" else len(v.encode())
+            if spec.max_value_bytes is not None and size > spec.max_value_bytes:
+                raise BudgetExceeded(name, "value bytes", 0, size, spec.max_value_bytes)
+            add_bytes += size
+        add_entries += len(values) if op[0] != "text" else 0
+    if (
+        spec.max_entries is not None
+        and add_entries > 0
+        and (usage.entries + add_entries > spec.max_entries)
+    ):
+        raise BudgetExceeded(name, "entries", usage.entries, add_entries, spec.max_entries)
+    if spec.max_bytes is not None and add_bytes > 0 and usage.bytes + add_bytes > spec.max_bytes:
+        raise BudgetExceeded(name, "bytes", usage.bytes, add_bytes, spec.max_bytes)
+    return add_entries, add_bytes
+
+
+def measure(kind: str, root: Any) -> Budget:
+    """Entries and bytes of a collection as it is now (O(size); cached by the record)."""
+    if kind == "map":
+        return Budget(len(root), sum(value_size(v) for v in root.values()))
+    if kind == "list":
+        items = list(root)
+        return Budget(len(items), sum(value_size(v) for v in items))
+    text = str(root)
+    return Budget(1 if text else 0, len(text.encode()))
+
+
+def coerce_schema(schema: Mapping[str, CollectionSpec] | None) -> dict[str, CollectionSpec]:
+    if schema is None:
+        return {}
+    out = {}
+    for name, spec in schema.items():
+        if not isinstance(spec, CollectionSpec):
+            raise InvalidValue(f"collection {name!r}: expected a CollectionSpec")
+        out[name] = spec
+    return out

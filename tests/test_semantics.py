@@ -1,0 +1,218 @@
+"""Schemas, write policies, budgets, versions and guarded writes (issue 3, first part)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+from pydantic import BaseModel, Field
+
+import crdtstore
+from crdtstore import (
+    BudgetExceeded,
+    CollectionSpec,
+    InvalidValue,
+    PolicyViolation,
+    SchemaInvalid,
+    StaleVersion,
+)
+
+pytestmark = pytest.mark.anyio
+
+
+class Finding(BaseModel):
+    text: str = Field(min_length=1)
+    confidence: float = Field(ge=0, le=1)
+    tags: list[str] = []
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "memory":
+        return f"memory://sem-{id(request)}"
+    return f"sqlite:///{tmp_path}/store.db"
+
+
+async def journal_bytes(store: crdtstore.Store, run: str) -> list[tuple[int, bytes]]:
+    return [(e.seq, e.update) for e in await store.journal(run, limit=100_000)]
+
+
+async def test_schema_validates_and_reads_models(url: str) -> None:
+    async with crdtstore.open_store(url) as store:
+        async with store.open_record(run="r", agent="a") as rec:
+            findings = rec.map("findings", model=Finding)
+            await findings.set("f1", Finding(text="cold cache", confidence=0.9))
+            await findings.set("f2", {"text": "warm", "confidence": 1})
+            got = findings["f1"]
+            assert isinstance(got, Finding)
+            assert got == Finding(text="cold cache", confidence=0.9)
+            assert findings.get("f2") == Finding(text="warm", confidence=1.0)
+            await rec.flush()
+            before = rec.to_dict()
+            journal = await journal_bytes(store, "r")
+            with pytest.raises(SchemaInvalid) as err:
+                await findings.set("bad", {"text": "", "confidence": 7})
+            assert {e["loc"][0] for e in err.value.errors} == {"text", "confidence"}
+            assert err.value.code == "SCHEMA_INVALID"
+            log = rec.list("log", model=Finding)
+            with pytest.raises(SchemaInvalid):
+                await log.append({"nope": 1})
+            await rec.flush()
+            assert rec.to_dict() == before
+            assert await journal_bytes(store, "r") == journal
+
+
+async def test_declared_policies_are_enforced_for_every_writer(url: str) -> None:
+    schema = {
+        "log": CollectionSpec(kind="list", policy="append_only"),
+        "facts": CollectionSpec(kind="map", policy="append_only"),
+        "claims": CollectionSpec(kind="map", policy="owner"),
+        "counters": CollectionSpec(kind="map", policy="guarded"),
+    }
+    async with crdtstore.open_store(url) as store:
+        async with store.open_record(run="r", agent="alice", schema=schema) as alice:
+            await alice.list("log").append("one")
+            await alice.map("facts").set("sky", "blue")
+            await alice.map("claims").set("item1", "alice works on it")
+            await alice.flush()
+        # bob declares nothing: the run's declarations still bind him
+        async with store.open_record(run="r", agent="bob") as bob:
+            before = bob.to_dict()
+            journal = await journal_bytes(store, "r")
+            log, facts, claims = bob.list("log"), bob.map("facts"), bob.map("claims")
+            for attempt in [
+                log.insert(0, "rewritten history"),
+                log.delete(0),
+                facts.set("sky", "green"),
+                facts.delete("sky"),
+                claims.set("item1", "bob steals it"),
+                claims.delete("item1"),
+                bob.map("counters").set("n", 1),
+            ]:
+                with pytest.raises(PolicyViolation) as err:
+                    await attempt
+                assert err.value.agent == "bob"
+                assert err.value.code == "POLICY_VIOLATION"
+            await bob.flush()
+            assert bob.to_dict() == before
+            assert await journal_bytes(store, "r") == journal
+            # what the policies allow
+            await log.append("two")
+            await facts.set("grass", "green")
+            await claims.set("item2", "bob's own")
+            await claims.set("item2", "bob's own, updated")
+            await bob.map("counters").set("n", 1, expected_version=0)
+            assert bob.list("log").to_list() == ["one", "two"]
+            with pytest.raises(crdtstore.CollectionKindMismatch):
+                bob.map("log")
+
+
+async def test_redeclaring_differently_is_refused(url: str) -> None:
+    async with crdtstore.open_store(url) as store:
+        async with store.open_record(
+            run="r", agent="a", schema={"m": CollectionSpec(policy="append_only")}
+        ) as rec:
+            await rec.declare("m", CollectionSpec(policy="append_only"))  # same: fine
+            with pytest.raises(InvalidValue):
+                await rec.declare("m", CollectionSpec(policy="open"))
+            with pytest.raises(InvalidValue):
+                await rec.declare("t", CollectionSpec(kind="text", policy="owner"))
+            assert rec.spec("m") is not None
+            assert rec.spec("m").policy == "append_only"  # type: ignore[union-attr]
+
+
+async def test_budgets_refuse_growth_and_report_size(url: str) -> None:
+    schema = {
+        "notes": CollectionSpec(kind="list", max_entries=3),
+        "kv": CollectionSpec(kind="map", max_bytes=40, max_value_bytes=20),
+    }
+    async with crdtstore.open_store(url) as store:
+        async with store.open_record(run="r", agent="a", schema=schema) as rec:
+            await rec.list("notes").extend(["a", "b", "c"])
+            with pytest.raises(BudgetExceeded) as err:
+                await rec.list("notes").append("d")
+            assert (err.value.budget, err.value.used, err.value.limit) == ("entries", 3, 3)
+            await rec.list("notes").delete(0)
+            await rec.list("notes").append("d")  # room again after a delete
+            with pytest.raises(BudgetExceeded) as err:
+                await rec.map("kv").set("k", "x" * 30)
+            assert err.value.budget == "value bytes"
+            await rec.map("kv").set("a", "x" * 15)  # 17 bytes as JSON
+            await rec.map("kv").set("b", "y" * 15)  # 34
+            with pytest.raises(BudgetExceeded):
+                await rec.map("kv").set("c", "z" * 15)
+            await rec.map("kv").set("a", "short")  # overwriting frees bytes
+            await rec.map("kv").set("c", "z" * 10)
+            size = rec.size()
+            assert size["notes"]["entries"] == 3
+            assert size["kv"]["bytes"] == len('"short"') + 17 + 12
+            assert size["*"]["tokens"] >= size["kv"]["bytes"] // 4
+
+
+async def test_guarded_write_on_current_version_only(url: str) -> None:
+    async with crdtstore.open_store(url) as store:
+        async with (
+            store.open_record(run="r", agent="a") as a,
+            store.open_record(run="r", agent="b") as b,
+        ):
+            m = a.map("state")
+            await m.set("phase", "plan", expected_version=0)
+            value, version = m.get_versioned("phase")
+            assert value == "plan"
+            assert version is not None and version > 0
+            # b moves it on (b has not necessarily seen a's write yet: the authority applies
+            # everything unseen before checking)
+            await b.map("state").set("phase", "build", expected_version=version)
+            journal = await journal_bytes(store, "r")
+            with pytest.raises(StaleVersion) as err:
+                await m.set("phase", "stale", expected_version=version)
+            assert err.value.current_value == "build"
+            assert err.value.current_version == b.map("state").get_versioned("phase")[1]
+            assert await journal_bytes(store, "r") == journal
+            assert m.get("phase") == "build"
+            # retry with the fresh version succeeds
+            await m.set("phase", "ship", expected_version=err.value.current_version)
+            assert m.get("phase") == "ship"
+            with pytest.raises(InvalidValue):
+                await m.set("phase", "x", expected_version=-1)
+
+
+async def test_guarded_write_journals_earlier_batched_writes_first(url: str) -> None:
+    async with crdtstore.open_store(url) as store:
+        async with store.open_record(run="r", agent="a") as a:
+            await a.map("m").set("x", 1)  # batched, maybe not journaled yet
+            await a.map("m").set("y", 2, expected_version=0)
+            seqs = {e.effect[0][3]: e.seq for e in await store.journal("r")}
+            assert seqs["x"] < seqs["y"]
+
+
+async def test_guarded_counter_with_concurrent_tasks(url: str) -> None:
+    """Read-increment-guarded-write from many tasks on two records: no lost increment."""
+    async with crdtstore.open_store(url) as store:
+        async with (
+            store.open_record(run="r", agent="a") as a,
+            store.open_record(run="r", agent="b") as b,
+        ):
+            done = {"ok": 0, "stale": 0}
+
+            async def worker(rec: crdtstore.Record) -> None:
+                m = rec.map("c")
+                for _ in range(15):
+                    while True:
+                        value, version = m.get_versioned("n")
+                        try:
+                            await m.set("n", (value or 0) + 1, expected_version=version or 0)
+                        except StaleVersion:
+                            done["stale"] += 1
+                            continue
+                        done["ok"] += 1
+                        break
+
+            with anyio.fail_after(60):
+                async with anyio.create_task_group() as tg:
+                    for rec in (a, b, a, b):
+                        tg.start_soon(worker, rec)
+            assert done["ok"] == 60
+            await a.sync()
+            assert a.map("c")["n"] == 60
