@@ -13,6 +13,7 @@ Quick use::
 Synchronous callers use :mod:`crdtstore.blocking`.
 """
 
+from ._collections import KeepAllMap as KeepAllMap
 from ._collections import ListCollection as ListCollection
 from ._collections import MapCollection as MapCollection
 from ._collections import TextCollection as TextCollection
@@ -41,8 +42,10 @@ from ._journal import JournalBackend as JournalBackend
 from ._journal import JournalEntry as JournalEntry
 from ._journal import RunInfo as RunInfo
 from ._models import Change as Change
+from ._models import Conflict as Conflict
 from ._models import HistoryEntry as HistoryEntry
 from ._models import Provenance as Provenance
+from ._models import Sibling as Sibling
 from ._record import Record as Record
 from ._replica import Replica as Replica
 from ._replica import tree_merge as tree_merge
@@ -61,6 +64,7 @@ __all__ = [
     "CollectionKindMismatch",
     "CollectionSpec",
     "CompactionResult",
+    "Conflict",
     "CrdtStoreError",
     "HistoryEntry",
     "InvalidName",
@@ -70,6 +74,7 @@ __all__ = [
     "JournalBackend",
     "JournalCorrupt",
     "JournalEntry",
+    "KeepAllMap",
     "LeaseError",
     "LeaseHeld",
     "LeaseLost",
@@ -84,6 +89,7 @@ __all__ = [
     "Replica",
     "RunInfo",
     "SchemaInvalid",
+    "Sibling",
     "StaleVersion",
     "Store",
     "StoreClosed",

@@ -6,6 +6,7 @@ produces one journal entry, and is described by an *effect* (see ``_journal``).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +14,7 @@ from pydantic import BaseModel
 
 from ._errors import InvalidValue
 from ._journal import Op
+from ._models import Conflict, Sibling
 from ._names import check_key
 from ._replica import text_diff
 from ._semantics import validate_value
@@ -33,6 +35,7 @@ class _Collection:
         self.name = name
         self._root = root
         self._model = model
+        self._cache: tuple[int, dict[str, dict[str, Any]]] | None = None
 
     @property
     def model(self) -> type[BaseModel] | None:
@@ -181,6 +184,150 @@ class MapCollection(_Collection):
             return False
         await self._rec._write(ops, apply)
         return True
+
+
+SEP = "\x1f"  # between a keep_all key and its sibling token (refused in user keys)
+
+
+class KeepAllMap(MapCollection):
+    """A map whose keys are multi-value registers (the ``keep_all`` conflict policy).
+
+    Each write of key ``k`` stores its value under its own physical key ``k<US>token`` (flat
+    composite keys on the root map: no nested shared types, which would lose each other
+    when created concurrently) and deletes the siblings it has seen. Concurrent writes never
+    see each other, so both survive; a later write sees both and resolves them.
+    """
+
+    def _groups(self) -> dict[str, dict[str, Any]]:
+        stamp = self._rec._stamp(self.name)
+        if self._cache is None or self._cache[0] != stamp:
+            groups: dict[str, dict[str, Any]] = {}
+            for pkey, entry in self._root.items():
+                key, sep, _ = pkey.rpartition(SEP)
+                if sep and isinstance(entry, dict):
+                    groups.setdefault(key, {})[pkey] = entry
+            self._cache = (stamp, groups)
+        return self._cache[1]
+
+    def _sibling(self, pkey: str, entry: dict[str, Any]) -> Sibling:
+        return Sibling(
+            value=self._out(entry.get("v")),
+            agent=str(entry.get("a")),
+            source=str(entry.get("s")),
+            wall_time=float(entry.get("t", 0)),
+            token=pkey.rpartition(SEP)[2],
+        )
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The value, a :class:`Conflict` when siblings are unresolved, or ``default``."""
+        group = self._groups().get(key)
+        if not group:
+            return default
+        if len(group) == 1:
+            ((_, entry),) = group.items()
+            return self._out(entry.get("v"))
+        sibs = sorted(
+            (self._sibling(p, e) for p, e in group.items()), key=lambda s: (s.wall_time, s.token)
+        )
+        return Conflict(key=key, siblings=tuple(sibs))
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self._groups():
+            raise KeyError(key)
+        return self.get(key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._groups()
+
+    def __len__(self) -> int:
+        return len(self._groups())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._groups()))
+
+    def keys(self) -> list[str]:
+        return list(self._groups())
+
+    def values(self) -> list[Any]:
+        return [self.get(k) for k in self._groups()]
+
+    def items(self) -> list[tuple[str, Any]]:
+        return [(k, self.get(k)) for k in self._groups()]
+
+    def siblings(self, key: str) -> list[Sibling]:
+        """Every current sibling of ``key`` (one when resolved, none when absent)."""
+        group = self._groups().get(key, {})
+        return sorted(
+            (self._sibling(p, e) for p, e in group.items()), key=lambda s: (s.wall_time, s.token)
+        )
+
+    def provenance(self, key: str) -> Provenance | None:
+        meta = None
+        for pkey in self._groups().get(key, {}):
+            meta = self._rec.provenance(self.name, pkey) or meta
+        return meta
+
+    async def set(self, key: str, value: Any, *, expected_version: int | None = None) -> None:
+        """Write ``key``, resolving every sibling this replica has seen.
+
+        Raises as :meth:`MapCollection.set`; ``expected_version`` is not supported here.
+        """
+        if expected_version is not None:
+            raise InvalidValue("guarded writes are not available on keep_all collections")
+        check_key(key)
+        if SEP in key:
+            raise InvalidValue("keys of keep_all collections must not contain \\x1f")
+        stored = self._in(key, value)
+        rec = self._rec
+        pkey = f"{key}{SEP}{rec.replica.client_id:x}.{rec._next_token()}"
+        entry = {"v": stored, "a": rec.agent, "s": rec.source, "t": time.time()}
+        seen = list(self._groups().get(key, {}))
+        root = self._root
+
+        def apply() -> None:
+            for old in seen:
+                del root[old]
+            root[pkey] = entry
+
+        ops: list[Op] = [["map", self.name, "del", old] for old in seen]
+        ops.append(["map", self.name, "set", pkey, entry])
+        await rec._write(ops, apply)
+
+    async def resolve(self, key: str, value: Any) -> None:
+        """Resolve the siblings of ``key`` to ``value`` (a write that has seen them all)."""
+        await self.set(key, value)
+
+    async def delete(self, key: str, *, expected_version: int | None = None) -> bool:
+        """Delete every sibling of ``key`` this replica has seen; return whether any."""
+        if expected_version is not None:
+            raise InvalidValue("guarded writes are not available on keep_all collections")
+        check_key(key)
+        seen = list(self._groups().get(key, {}))
+        if not seen:
+            return False
+        root = self._root
+
+        def apply() -> None:
+            for old in seen:
+                del root[old]
+
+        await self._rec._write([["map", self.name, "del", old] for old in seen], apply)
+        return True
+
+    async def update(self, values: Mapping[str, Any]) -> None:
+        for k, v in dict(values).items():
+            await self.set(k, v)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k in self._groups():
+            v = self.get(k)
+            out[k] = v.to_json() if isinstance(v, Conflict) else _jsonable(v)
+        return out
+
+
+def _jsonable(v: Any) -> Any:
+    return v.model_dump(mode="json") if isinstance(v, BaseModel) else v
 
 
 class ListCollection(_Collection):

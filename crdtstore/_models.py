@@ -49,3 +49,35 @@ class Change(BaseModel):
     seq: int | None
     local: bool
     ops: tuple[tuple[Any, ...], ...]
+
+
+class Sibling(BaseModel):
+    """One of the concurrent values of a ``keep_all`` key."""
+
+    model_config = ConfigDict(frozen=True)
+
+    value: Any
+    agent: str
+    source: str
+    wall_time: float
+    token: str
+
+
+class Conflict(BaseModel):
+    """What reading a ``keep_all`` key returns while concurrent writes are unresolved.
+
+    Every sibling is kept, with its provenance, until a write that has seen them all (any
+    ``set`` or ``delete`` of the key made after they arrived) resolves them.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    key: str
+    siblings: tuple[Sibling, ...]
+
+    @property
+    def values(self) -> list[Any]:
+        return [s.value for s in self.siblings]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"__conflict__": [s.model_dump(mode="json") for s in self.siblings]}

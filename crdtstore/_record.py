@@ -22,10 +22,10 @@ from time import time as _time
 from typing import TYPE_CHECKING, Any
 
 import anyio
-from anyio.abc import TaskGroup
+from anyio.abc import TaskStatus
 from pydantic import BaseModel
 
-from ._collections import ListCollection, MapCollection, TextCollection
+from ._collections import KeepAllMap, ListCollection, MapCollection, TextCollection
 from ._errors import (
     BackendError,
     CollectionKindMismatch,
@@ -115,6 +115,8 @@ class Record:
         self._declare = coerce_schema(schema)
         self._specs: dict[str, CollectionSpec] = {}  # the run's declarations (enforced)
         self._usage: dict[str, Budget] = {}  # budget totals of budgeted collections
+        self._stamps: dict[str, int] = {}  # changes seen per collection (cache invalidation)
+        self._tokens = 0
         self._collections: dict[tuple[str, str, Any], Any] = {}
         # (update, ops, meta) of local entries not yet journaled; entries are built at commit
         self._pending: deque[tuple[bytes, _List[Op], Meta]] = deque()
@@ -131,7 +133,8 @@ class Record:
         self._txn_meta: Meta | None = None
         self._txn_idle = anyio.Event()
         self._txn_idle.set()
-        self._tg: TaskGroup | None = None
+        self._scope = anyio.CancelScope()
+        self._stopped = anyio.Event()
         self._watch: Watch | None = None
         self._state = "new"
 
@@ -140,7 +143,8 @@ class Record:
     async def start(self) -> Record:
         """Load the record (snapshot + journal) and start syncing. Prefer ``async with``.
 
-        ``start()`` and :meth:`aclose` must be called from the same task.
+        The background tasks run in the store's task group, so records may be started and
+        closed in any order, from any task of the store's event loop.
         """
         if self._state != "new":
             raise StoreClosed("record")
@@ -149,10 +153,8 @@ class Record:
         await self._load_specs(self._declare)
         await self._load()
         self._watch = self._store._notifier.watch(self.tenant, self.run)
-        self._tg = anyio.create_task_group()
-        await self._tg.__aenter__()
-        self._tg.start_soon(self._committer)
-        self._tg.start_soon(self._tail)
+        self._stopped = anyio.Event()
+        await self._store._spawn(self._background)
         self._state = "open"
         self._store._records.add(self)
         return self
@@ -180,9 +182,24 @@ class Record:
                 self._store._notifier.unwatch(self.tenant, self.run)
             for sub in self._subscribers:
                 sub.event.set()
-            assert self._tg is not None
-            self._tg.cancel_scope.cancel()
-            await self._tg.__aexit__(None, None, None)
+            self._scope.cancel()
+            with anyio.CancelScope(shield=True):
+                await self._stopped.wait()
+
+    async def _background(
+        self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        try:
+            with self._scope:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._committer)
+                    tg.start_soon(self._tail)
+                    task_status.started()
+        except Exception as exc:  # a bug must not take the store's other records down
+            log.exception("record %s/%s stopped syncing", self.tenant, self.run)
+            self._failure = exc
+        finally:
+            self._stopped.set()
 
     async def __aenter__(self) -> Record:
         return await self.start()
@@ -287,6 +304,9 @@ class Record:
             if spec is not None and spec.kind != kind:
                 raise CollectionKindMismatch(name, spec.kind, kind)
             root = self.replica.root(name, kind)
+            if spec is not None and spec.conflict == "keep_all":
+                cls = KeepAllMap
+                self._stamps.setdefault(name, 0)
             got = self._collections[(name, kind, model)] = cls(self, name, root, model)
         return got
 
@@ -300,8 +320,15 @@ class Record:
         return self.replica.collections()
 
     def to_dict(self) -> dict[str, Any]:
-        """A plain JSON-able snapshot of the whole record: ``{collection: value}``."""
-        return self.replica.to_dict()
+        """A plain JSON-able snapshot of the whole record: ``{collection: value}``.
+
+        ``keep_all`` maps show each key's value, or ``{"__conflict__": [siblings...]}``.
+        """
+        out = self.replica.to_dict()
+        for name, spec in self._specs.items():
+            if spec.conflict == "keep_all" and name in out:
+                out[name] = self.map(name).to_json()  # type: ignore[attr-defined]
+        return out
 
     # -- writing --------------------------------------------------------------------------------
 
@@ -527,7 +554,22 @@ class Record:
                 return seq
         return None
 
+    def _invalidate_all(self) -> None:
+        self._usage.clear()
+        for name in self._stamps:
+            self._stamps[name] += 1
+
+    def _stamp(self, name: str) -> int:
+        return self._stamps.get(name, 0)
+
+    def _next_token(self) -> int:
+        self._tokens += 1
+        return self._tokens
+
     def _enqueue(self, update: bytes, ops: _List[Op], meta: Meta) -> None:
+        if self._stamps:
+            for op in ops:
+                self._stamps[op[1]] = self._stamps.get(op[1], 0) + 1
         self._pending.append((update, ops, meta))
         self._written += 1
         if not self._pending_event.is_set():
@@ -625,7 +667,11 @@ class Record:
         poll = self._store.poll_interval
         while True:
             event = self._watch.event  # take it before reading: no wake-up can fall between
-            rows = await self._backend.read(self.tenant, self.run, self.applied_seq, READ_CHUNK)
+            try:
+                rows = await self._backend.read(self.tenant, self.run, self.applied_seq, READ_CHUNK)
+            except CrdtStoreError as exc:  # a busy or vanished database: try again later
+                log.warning("reading the journal of %s/%s failed: %s", self.tenant, self.run, exc)
+                rows = []
             if rows:
                 await self._apply_remote(rows)
                 if len(rows) == READ_CHUNK:
@@ -649,10 +695,13 @@ class Record:
         foreign = [r for r in rows if r.client_id != own]
         if foreign:
             self.replica.apply_rows(foreign, self.run)
-            if self._usage:
+            if self._usage or self._stamps:
                 for r in foreign:
                     for op in r.effect:
                         self._usage.pop(op[1], None)
+                        self._stamps[op[1]] = self._stamps.get(op[1], 0) + 1
+                    if not r.effect:  # raw bytes: anything may have changed
+                        self._invalidate_all()
         self.applied_seq = rows[-1].seq
         if self._subscribers:
             for r in foreign:
@@ -674,6 +723,7 @@ class Record:
         while self._txn_task is not None:
             await self._txn_idle.wait()
         meta = Meta(self.agent, self.source, now(), None)
+        self._invalidate_all()
         self.replica.begin()
         try:
             self.replica.apply_update(update)

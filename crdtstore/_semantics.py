@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ._errors import BudgetExceeded, InvalidValue, PolicyViolation, SchemaInvalid
 from ._journal import Op
@@ -40,7 +40,9 @@ class CollectionSpec(BaseModel):
         policy: ``open`` (anyone), ``append_only`` (no overwrite, no delete, no insert in the
             middle), ``owner`` (maps: only the agent that created an entry may change or
             delete it) or ``guarded`` (only conditional writes, with ``expected_version``).
-        conflict: ``lww`` (last writer wins; losers stay in history).
+        conflict: ``lww`` (last writer wins; losers stay in history) or ``keep_all`` (maps: a
+            multi-value register; concurrent writes are all kept as siblings until a write
+            that has seen them resolves them).
         max_entries, max_bytes: budgets for the whole collection (entries; bytes of its
             values as compact JSON).
         max_value_bytes: the largest single value.
@@ -58,13 +60,6 @@ class CollectionSpec(BaseModel):
     max_value_bytes: int | None = Field(default=None, ge=0)
     model: type[BaseModel] | None = Field(default=None, exclude=True)
 
-    @field_validator("conflict")
-    @classmethod
-    def _supported_conflict(cls, v: str) -> str:
-        if v != "lww":
-            raise ValueError("only the 'lww' conflict policy is implemented so far")
-        return v
-
     def declaration(self) -> dict[str, Any]:
         """The JSON form persisted in the run's config."""
         out = self.model_dump(mode="json", exclude={"model"})
@@ -76,6 +71,10 @@ class CollectionSpec(BaseModel):
             raise InvalidValue(f"collection {name!r}: the owner policy applies to maps only")
         if self.policy == "guarded" and self.kind != "map":
             raise InvalidValue(f"collection {name!r}: the guarded policy applies to maps only")
+        if self.conflict == "keep_all" and (self.kind != "map" or self.policy == "guarded"):
+            raise InvalidValue(
+                f"collection {name!r}: keep_all applies to maps that are not guarded"
+            )
 
 
 def spec_from_declaration(data: Mapping[str, Any]) -> CollectionSpec:

@@ -8,8 +8,9 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from importlib.metadata import entry_points
+from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
@@ -19,11 +20,13 @@ from ._backends.memory import MemoryJournal
 from ._backends.sqlite import SQLiteJournal
 from ._errors import InvalidValue, StoreClosed, UnsupportedURL
 from ._journal import Durability, JournalBackend, JournalEntry, RunInfo, SnapshotRow
+from ._leases import Lease, Leases, lease_backend_for
 from ._models import HistoryEntry
 from ._names import check_name
 from ._notify import Notifier
 from ._record import READ_CHUNK, Record
 from ._replica import DEFAULT_MAX_UPDATE, Replica
+from ._semantics import CollectionSpec
 
 _BUILTIN: dict[str, Callable[[str], JournalBackend]] = {
     "memory": MemoryJournal,
@@ -121,6 +124,13 @@ class Store:
         self._records: set[Record] = set()
         self._tg: TaskGroup | None = None
         self._state = "new"
+        self._leases = Leases(
+            lease_backend_for(backend),
+            notifier=self._notifier,
+            tenant=tenant,
+            check_open=self._check_open,
+            task_group=lambda: self._tg,
+        )
 
     # -- lifecycle --
 
@@ -166,9 +176,49 @@ class Store:
         if self._state != "open":
             raise StoreClosed("store")
 
+    async def _spawn(self, fn: Callable[..., Coroutine[Any, Any, None]]) -> None:
+        """Start a background task of a record in the store's task group."""
+        self._check_open()
+        assert self._tg is not None
+        await self._tg.start(fn)
+
     @property
     def backend(self) -> JournalBackend:
         return self._backend
+
+    # -- leases --
+
+    @property
+    def leases(self) -> Leases:
+        """The leases of this store and tenant: ``await store.leases.status()``."""
+        return self._leases
+
+    def lease(
+        self,
+        resources: Iterable[str],
+        *,
+        ttl: float = 30.0,
+        owner: str | None = None,
+        wait: bool = True,
+        timeout: float | None = None,
+        key: tuple[str, int] | None = None,
+    ) -> Lease:
+        """An exclusive lease on files (repo-relative paths) or work items
+        (``item:<collection>/<id>``): ``async with store.lease(["src/a.py"]) as lease:``.
+
+        Renewed in the background every ``ttl/3`` while held, released on exit (also on error
+        or cancellation). ``lease.token`` is its fencing token. See :meth:`Leases.lease`.
+
+        Raises:
+            InvalidResource: a bad path or item, or an empty set.
+            InvalidValue: a bad ``ttl``, ``owner``, ``timeout`` or ``key``.
+            LeaseHeld: on entering, with ``wait=False``, when a resource is taken.
+            LeaseTimeout: on entering, when ``timeout`` passed (the request is withdrawn).
+        """
+        self._check_open()
+        return self._leases.lease(
+            resources, ttl=ttl, owner=owner, wait=wait, timeout=timeout, key=key
+        )
 
     # -- records --
 
@@ -180,6 +230,7 @@ class Store:
         *,
         durability: Durability | None = None,
         create: bool = True,
+        schema: Mapping[str, CollectionSpec] | None = None,
     ) -> Record:
         """The record of ``run`` opened as writer ``agent`` (use with ``async with``).
 
@@ -187,9 +238,13 @@ class Store:
             InvalidName: a bad run or agent name (nothing is created).
             InvalidValue: an unknown ``source`` or ``durability``.
             UnknownRun: on entering, when the run does not exist and ``create`` is False.
+            InvalidValue: on entering, when ``schema`` contradicts the run's declarations.
+
+        ``schema`` declares collections (:class:`CollectionSpec`: kind, policies, budgets,
+        model) for the whole run on entering; the first declaration of a name wins.
         """
         self._check_open()
-        return Record(self, run, agent, source, durability=durability, create=create)
+        return Record(self, run, agent, source, durability=durability, create=create, schema=schema)
 
     # -- runs and journals --
 

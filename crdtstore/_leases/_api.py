@@ -1,0 +1,395 @@
+"""The user-facing lease API: ``store.leases`` and ``async with store.lease([...]) as lease``.
+
+A waiter does not poll the backend in a tight loop. It sleeps until the first of:
+
+- a wake-up from the store's notifier (a release, reap or hand-off committed by any process
+  on the store: the backend calls ``on_change`` after such a commit);
+- the exit of a holder it waits behind, when that holder runs on this host (a ``pidfd``);
+- the earliest deadline among the requests ahead of it (that one may then be reaped);
+- its own heartbeat (a waiting request has a TTL too, so an abandoned one does not block the
+  queue forever), which also serves as the slow fallback poll.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from types import TracebackType
+
+import anyio
+from anyio.abc import TaskGroup
+
+from .._errors import (
+    BackendError,
+    InvalidValue,
+    LeaseLost,
+    LeaseNotFound,
+    LeaseTimeout,
+    StoreClosed,
+)
+from .._notify import Notifier
+from ._backend import LeaseBackend
+from ._clock import Proc, this_proc
+from ._engine import check_key, check_owner, check_ttl
+from ._models import LeaseState, LeaseStatus
+from ._resources import canonical_resources
+
+log = logging.getLogger("crdtstore.leases")
+
+WAKE_KEY = "__leases__"  # notifier key (tenant slot) for lease hand-offs
+FALLBACK_POLL = 2.0  # seconds: the longest a waiter sleeps without any other reason to wake
+EXPIRY_MARGIN = 0.002
+
+
+def default_owner() -> str:
+    p = this_proc()
+    return f"{p.host}:{p.pid}"
+
+
+class Leases:
+    """The leases of one store and tenant (``store.leases``)."""
+
+    def __init__(
+        self,
+        backend: LeaseBackend | None,
+        *,
+        notifier: Notifier,
+        tenant: str,
+        check_open: Callable[[], None],
+        task_group: Callable[[], TaskGroup | None],
+    ) -> None:
+        self._backend_or_none = backend
+        self._notifier = notifier
+        self.tenant = tenant
+        self._check_open = check_open
+        self._task_group = task_group
+        if backend is not None:
+            backend.on_change = self._changed
+
+    def _changed(self) -> None:
+        self._notifier.notify(WAKE_KEY, self.tenant)
+
+    @property
+    def backend(self) -> LeaseBackend:
+        """The lease backend.
+
+        Raises:
+            StoreClosed: the store is not open, or its backend has no leases.
+        """
+        self._check_open()
+        if self._backend_or_none is None:
+            raise StoreClosed("lease backend (this store's backend has none)")
+        return self._backend_or_none
+
+    def _spawn_group(self) -> TaskGroup:
+        tg = self._task_group()
+        if tg is None:
+            raise StoreClosed("store")
+        return tg
+
+    async def status(self, *, reap: bool = True) -> LeaseStatus:
+        """Holders and waiters of this tenant in rank order, with ranks, resources and ages.
+
+        With ``reap`` (the default) expired grants and grants of dead processes are reaped
+        first, so the status shows who really holds what.
+        """
+        backend = self.backend
+        if reap:
+            await backend.reap()
+        return await backend.status(self.tenant)
+
+    async def reap(self) -> int:
+        """Reap expired grants and grants of dead processes now; return how many."""
+        return await self.backend.reap()
+
+    async def check(self, lease_id: str, resource: str, token: int) -> None:
+        """The fencing check for ``resource`` (any spelling) under (``lease_id``, ``token``).
+
+        Raises:
+            LeaseLost: the lease is not granted, does not cover it, or the token is stale.
+            InvalidResource: a malformed resource.
+        """
+        (res,) = canonical_resources([resource])
+        await self.backend.check(self.tenant, lease_id, res, token)
+
+    def lease(
+        self,
+        resources: Iterable[str],
+        *,
+        ttl: float = 30.0,
+        owner: str | None = None,
+        wait: bool = True,
+        timeout: float | None = None,
+        key: tuple[str, int] | None = None,
+    ) -> Lease:
+        """A lease on ``resources`` (repo-relative paths or ``item:<collection>/<id>``).
+
+        Use as ``async with store.lease(["src/a.py"], ttl=30) as lease:``, or call
+        :meth:`Lease.acquire` and :meth:`Lease.release`. Arguments are checked here, before
+        anything reaches the backend.
+
+        Args:
+            resources: what to take, all or nothing.
+            ttl: seconds a grant lives without a heartbeat (renewed every ``ttl/3`` while held).
+            owner: who asks (default ``host:pid``); a re-attach needs the same owner.
+            wait: queue and wait when not free at once (else raise ``LeaseHeld``).
+            timeout: the longest wait in seconds (then ``LeaseTimeout``); None waits forever.
+            key: idempotency key ``(step, attempt)``: asking again with the same owner and key
+                re-attaches to the earlier request and keeps its place in the queue.
+
+        Raises:
+            InvalidResource: a bad path or item, or an empty set.
+            InvalidValue: a TTL outside 0.05 s .. 1 day, a bad owner, key or timeout.
+        """
+        res = canonical_resources(resources)
+        if timeout is not None and (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, (int, float))
+            or math.isnan(timeout)
+            or timeout < 0
+        ):
+            raise InvalidValue(f"lease timeout must be None or >= 0 seconds, not {timeout!r}")
+        return Lease(
+            self,
+            res,
+            ttl=check_ttl(ttl),
+            owner=check_owner(owner if owner is not None else default_owner()),
+            wait=bool(wait),
+            timeout=None if timeout is None else float(timeout),
+            key=check_key(key),
+        )
+
+
+class Lease:
+    """A lease on a set of resources; see :meth:`Leases.lease`."""
+
+    def __init__(
+        self,
+        leases: Leases,
+        resources: tuple[str, ...],
+        *,
+        ttl: float,
+        owner: str,
+        wait: bool,
+        timeout: float | None,
+        key: tuple[str, int] | None,
+    ) -> None:
+        self._leases = leases
+        self.resources = resources
+        self.ttl = ttl
+        self.owner = owner
+        self.wait = wait
+        self.timeout = timeout
+        self.key = key
+        self.state: LeaseState | None = None
+        self.lost = False
+        self.lost_reason: str | None = None
+        self.waited = 0.0
+        self._proc: Proc = this_proc()
+        self._hb_scope: anyio.CancelScope | None = None
+        self._released = False
+
+    # -- what a holder reads ----------------------------------------------------------------
+
+    @property
+    def lease_id(self) -> str:
+        return self._granted().lease_id
+
+    @property
+    def rank(self) -> int:
+        return self._granted().rank
+
+    @property
+    def token(self) -> int:
+        """The fencing token (strictly increasing per resource across the store's life): pass
+        it to any external system, which must refuse a token lower than the highest it saw."""
+        tok = self._granted().token
+        assert tok is not None
+        return tok
+
+    @property
+    def tokens(self) -> dict[str, int]:
+        """The fencing token per resource (one grant carries one token for all of them)."""
+        return dict.fromkeys(self.resources, self.token)
+
+    @property
+    def granted(self) -> bool:
+        return self.state is not None and self.state.granted and not self._released
+
+    def _granted(self) -> LeaseState:
+        if self.state is None or not self.state.granted:
+            raise LeaseNotFound(self.resources, "not acquired yet")
+        return self.state
+
+    async def check(self, resource: str | None = None) -> None:
+        """Raise ``LeaseLost`` unless this lease still holds ``resource`` (default: all)."""
+        st = self._granted()
+        assert st.token is not None
+        for res in (resource,) if resource is not None else self.resources:
+            await self._leases.check(st.lease_id, res, st.token)
+
+    # -- acquiring ----------------------------------------------------------------------------
+
+    async def acquire(self) -> Lease:
+        """Take the lease: at once, or after waiting in FIFO order.
+
+        Raises:
+            LeaseHeld: ``wait`` is False and a resource is taken (or queued for).
+            LeaseTimeout: the wait passed ``timeout``; the request was withdrawn.
+        """
+        leases = self._leases
+        backend = leases.backend
+        tenant = leases.tenant
+        started = time.monotonic()
+        deadline = None if self.timeout is None else started + self.timeout
+        watch = leases._notifier.watch(WAKE_KEY, tenant)
+        st: LeaseState | None = None
+        try:
+            event = watch.event
+            st = self.state = await backend.request(
+                tenant, self.owner, self.resources, ttl=self.ttl, key=self.key,
+                proc=self._proc, wait=self.wait,
+            )  # fmt: skip
+            while not st.granted:
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    raise LeaseTimeout(list(self.resources), now - started)
+                delay = min(self.ttl / 3, FALLBACK_POLL)
+                if st.wake_in is not None:
+                    delay = min(delay, st.wake_in + EXPIRY_MARGIN)
+                if deadline is not None:
+                    delay = min(delay, deadline - now)
+                await _wait_any(event, st.watch_pids, delay)
+                event = watch.event
+                try:
+                    st = self.state = await backend.heartbeat(
+                        tenant, st.lease_id, self.owner, self._proc
+                    )
+                except LeaseNotFound:
+                    # our waiting request expired (this process was stopped past its TTL):
+                    # ask again; the place in the queue is lost
+                    st = self.state = await backend.request(
+                        tenant, self.owner, self.resources, ttl=self.ttl, key=self.key,
+                        proc=self._proc, wait=self.wait,
+                    )  # fmt: skip
+        except BaseException:
+            if st is not None:
+                with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+                    await backend.cancel(tenant, st.lease_id, self.owner)
+            self.state = None
+            raise
+        finally:
+            leases._notifier.unwatch(WAKE_KEY, tenant)
+        self.waited = time.monotonic() - started
+        self._start_heartbeat()
+        return self
+
+    def _start_heartbeat(self) -> None:
+        self._hb_scope = anyio.CancelScope()
+        self._leases._spawn_group().start_soon(
+            self._heartbeat, self._hb_scope, self._leases.backend, self._granted()
+        )
+
+    async def _heartbeat(
+        self, scope: anyio.CancelScope, backend: LeaseBackend, st: LeaseState
+    ) -> None:
+        # the scope may have been cancelled (released) before this task first ran
+        with scope:
+            interval = self.ttl / 3
+            while True:
+                await anyio.sleep(interval)
+                try:
+                    await backend.heartbeat(
+                        self._leases.tenant, st.lease_id, self.owner, self._proc
+                    )
+                    interval = self.ttl / 3
+                except LeaseNotFound:
+                    self._mark_lost("reaped or expired before a heartbeat renewed it")
+                    return
+                except BackendError as exc:
+                    # transient (database locked for long): retry sooner, the TTL still runs
+                    log.warning("lease heartbeat failed (%s); retrying", exc)
+                    interval = min(self.ttl / 10, 1.0)
+                except Exception:
+                    log.exception("lease heartbeat crashed; the lease will expire")
+                    return
+
+    def _mark_lost(self, reason: str) -> None:
+        if not self.lost:
+            self.lost, self.lost_reason = True, reason
+            log.warning("lease on %s lost: %s", list(self.resources), reason)
+
+    async def release(self) -> None:
+        """Release the lease (idempotent); the next waiters are granted at once.
+
+        Raises:
+            LeaseLost: it was lost while held (expired or reaped): the work done under it was
+                not exclusive, and fenced writes were refused.
+        """
+        if self._released or self.state is None:
+            return
+        self._released = True
+        if self._hb_scope is not None:
+            self._hb_scope.cancel()
+        st = self.state
+        with anyio.CancelScope(shield=True):
+            try:
+                await self._leases.backend.release(
+                    self._leases.tenant, st.lease_id, self.owner, st.token
+                )
+            except (LeaseNotFound, LeaseLost):
+                self._mark_lost("it was gone at release (expired or reaped)")
+        if self.lost:
+            raise LeaseLost(self.resources[0], self.lost_reason or "lost", st.token)
+
+    async def __aenter__(self) -> Lease:
+        return await self.acquire()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            await self.release()
+        except LeaseLost:
+            if exc is None:
+                raise
+            # the body's own error is the one to report; the loss is logged
+
+    def __repr__(self) -> str:
+        state = "lost" if self.lost else (self.state.state if self.state else "new")
+        return f"<Lease {list(self.resources)} owner={self.owner!r} {state}>"
+
+
+async def _wait_any(event: anyio.Event, pids: Sequence[int], delay: float) -> None:
+    """Return when ``event`` is set, one of ``pids`` exits, or ``delay`` seconds pass."""
+    if event.is_set() or delay <= 0:
+        return
+    fds: list[int] = []
+    try:
+        for pid in pids:
+            try:
+                fds.append(os.pidfd_open(pid))
+            except ProcessLookupError:
+                return  # already gone: the caller re-checks at once
+            except (OSError, AttributeError):
+                break  # no pidfd here: the deadline and notifications still wake us
+        async with anyio.create_task_group() as tg:
+
+            async def fire(waiter: Callable[[], Awaitable[object]]) -> None:
+                await waiter()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(fire, event.wait)
+            for fd in fds:
+                tg.start_soon(fire, lambda fd=fd: anyio.wait_readable(fd))
+            tg.start_soon(fire, lambda: anyio.sleep(delay))
+    finally:
+        for fd in fds:
+            os.close(fd)

@@ -1,0 +1,217 @@
+"""The lease backend interface, and the shared base of the backends that keep a lease table.
+
+A backend is the authority that serializes lease transitions: the memory backend under a
+lock, the SQLite backend inside ``BEGIN IMMEDIATE`` transactions on the store file, later a
+Redis backend inside a script. All of them expose the same coroutine methods, take validated
+arguments (canonical resources, a checked TTL, an owner) and pass
+``crdtstore.testing.check_lease_backend``.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import TypeVar
+
+from .._errors import CrdtStoreError
+from ._clock import Clock, Proc, ProcessProbe, SystemClock, SystemProbe
+from ._engine import Table
+from ._models import LeaseState, LeaseStatus
+
+T = TypeVar("T")
+
+
+class LeaseBackend(ABC):
+    """Where leases live. One instance per open store, used from one event loop.
+
+    ``on_change`` (set by the store) is called after a committed transition that granted or
+    removed a request, so that waiters in this and other processes wake up.
+    """
+
+    name: str = "leases"
+    on_change: Callable[[], None] | None = None
+
+    @abstractmethod
+    async def open(self) -> None:
+        """Connect (create tables) before first use."""
+
+    @abstractmethod
+    async def aclose(self) -> None:
+        """Release resources. Idempotent."""
+
+    @abstractmethod
+    async def request(
+        self,
+        tenant: str,
+        owner: str,
+        resources: tuple[str, ...],
+        *,
+        ttl: float,
+        key: tuple[str, int] | None,
+        proc: Proc,
+        wait: bool,
+    ) -> LeaseState:
+        """Queue a request, or re-attach to the request with the same ``(owner, key)`` (which
+        keeps its rank), and grant it if the grant rule allows.
+
+        Raises:
+            LeaseHeld: not ``wait`` and it cannot be granted now (the request is withdrawn).
+            InvalidResource: ``key`` was used before for other resources.
+        """
+
+    @abstractmethod
+    async def heartbeat(self, tenant: str, lease_id: str, owner: str, proc: Proc) -> LeaseState:
+        """Renew the TTL of a granted or waiting request and attach it to ``proc``.
+
+        Raises:
+            LeaseNotFound: the request is gone (released, cancelled, reaped) or not ``owner``'s.
+        """
+
+    @abstractmethod
+    async def release(self, tenant: str, lease_id: str, owner: str, token: int | None) -> None:
+        """Release a grant; the next waiters are granted in the same transaction.
+
+        Raises:
+            LeaseNotFound: no such lease, or it is another owner's.
+            LeaseLost: it is not granted, or ``token`` is not its token.
+        """
+
+    @abstractmethod
+    async def cancel(self, tenant: str, lease_id: str, owner: str) -> bool:
+        """Withdraw a waiting or granted request; False when it was already gone.
+
+        Raises:
+            LeaseNotFound: it is another owner's.
+        """
+
+    @abstractmethod
+    async def reap(self) -> int:
+        """Remove expired requests and grants of dead processes, grant what that frees;
+        return how many were removed."""
+
+    @abstractmethod
+    async def status(self, tenant: str) -> LeaseStatus:
+        """Holders and waiters of ``tenant`` in rank order (read-only: nothing is reaped)."""
+
+    @abstractmethod
+    async def check(self, tenant: str, lease_id: str, resource: str, token: int) -> None:
+        """The fencing check, on its own.
+
+        Raises:
+            LeaseLost: the lease is not granted, does not cover ``resource``, its token is not
+                ``token``, or it expired.
+        """
+
+
+class TableBackend(LeaseBackend):
+    """A backend that applies :class:`Table` transitions inside its own transactions."""
+
+    def __init__(self, *, clock: Clock | None = None, probe: ProcessProbe | None = None) -> None:
+        self.clock: Clock = clock if clock is not None else SystemClock()
+        self.probe: ProcessProbe = probe if probe is not None else SystemProbe()
+
+    @abstractmethod
+    async def _transact(self, fn: Callable[[Table], T]) -> T:
+        """Run ``fn`` on the current table atomically and persist what it changed."""
+
+    @abstractmethod
+    async def _view(self, fn: Callable[[Table], T]) -> T:
+        """Run ``fn`` on a consistent, read-only view of the table."""
+
+    async def _change(self, op: Callable[[Table, float], T]) -> T:
+        """Reap, apply ``op``, evaluate the grant rule, in one transaction.
+
+        An error of ``op`` is raised after the transaction commits what the reap did (the
+        operation itself changes nothing before it raises).
+        """
+
+        def tx(t: Table) -> tuple[T | None, CrdtStoreError | None, bool]:
+            now, boot = self.clock.now(), self.clock.boot_id()
+            held = {r.id for r in t.reqs.values() if r.state == "granted"}
+            t.reap(now, boot, self.probe)
+            value: T | None = None
+            error: CrdtStoreError | None = None
+            try:
+                value = op(t, now)
+            except CrdtStoreError as exc:
+                error = exc
+            t.grant(now)
+            # Wake waiters only when one of them was granted: a removal that grants nobody
+            # changes nothing they wait for, and the caller knows about its own grant.
+            woke = {r.id for r in t.reqs.values() if r.state == "granted"} - held
+            if isinstance(value, LeaseState):
+                woke.discard(value.lease_id)
+            return value, error, bool(woke)
+
+        value, error, changed = await self._transact(tx)
+        if changed and self.on_change is not None:
+            self.on_change()
+        if error is not None:
+            raise error
+        return value  # type: ignore[return-value]
+
+    async def request(
+        self,
+        tenant: str,
+        owner: str,
+        resources: tuple[str, ...],
+        *,
+        ttl: float,
+        key: tuple[str, int] | None,
+        proc: Proc,
+        wait: bool,
+    ) -> LeaseState:
+        boot, wall = self.clock.boot_id(), time.time()
+
+        def op(t: Table, now: float) -> LeaseState:
+            r, _ = t.request(
+                tenant=tenant,
+                owner=owner,
+                resources=resources,
+                ttl=ttl,
+                key=key,
+                proc=proc,
+                wait=wait,
+                now=now,
+                boot=boot,
+                wall=wall,
+            )
+            return t.state_of(r, now)
+
+        return await self._change(op)
+
+    async def heartbeat(self, tenant: str, lease_id: str, owner: str, proc: Proc) -> LeaseState:
+        def op(t: Table, now: float) -> LeaseState:
+            r = t.heartbeat(tenant, lease_id, owner, proc, now)
+            t.grant(now)
+            if r.state == "granted":
+                r.acked = True
+            return t.state_of(r, now)
+
+        return await self._change(op)
+
+    async def release(self, tenant: str, lease_id: str, owner: str, token: int | None) -> None:
+        await self._change(lambda t, now: t.release(tenant, lease_id, owner, token))
+
+    async def cancel(self, tenant: str, lease_id: str, owner: str) -> bool:
+        return await self._change(lambda t, now: t.cancel(tenant, lease_id, owner) is not None)
+
+    async def reap(self) -> int:
+        if await self._view(lambda t: not t.reqs):
+            return 0  # nothing to reap: spare the write transaction
+
+        def tx(t: Table) -> tuple[int, bool]:
+            now = self.clock.now()
+            reaped = t.reap(now, self.clock.boot_id(), self.probe)
+            granted = t.grant(now)
+            return len(reaped), bool(reaped or granted)
+
+        n, changed = await self._transact(tx)
+        if changed and self.on_change is not None:
+            self.on_change()
+        return n
+
+    async def status(self, tenant: str) -> LeaseStatus:
+        now, wall = self.clock.now(), time.time()
+        return await self._view(lambda t: t.status(tenant, now, wall))

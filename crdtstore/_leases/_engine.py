@@ -1,0 +1,379 @@
+"""The lease table and its transitions, without I/O.
+
+Both backends keep the same rows and apply the same transitions: the memory backend on a table
+held in memory, the SQLite backend on the rows it loads inside a ``BEGIN IMMEDIATE``
+transaction and writes back (only what changed) before ``COMMIT``. Every state-changing
+transition first reaps, then does its own change, then evaluates the grant rule, so that a
+hand-off happens in the same transaction as the release or reap that made it possible, even
+when the next waiter's process is not running.
+
+Ranks and fencing tokens come from two counters that never go back. The token counter is one
+for the whole store: a token is then strictly increasing per resource (what fencing needs), and
+a multi-resource grant carries one token for all its resources.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from .._errors import InvalidResource, InvalidValue, LeaseHeld, LeaseLost, LeaseNotFound
+from ._clock import Proc, ProcessProbe
+from ._models import MAX_TTL, MIN_TTL, LeaseInfo, LeaseState, LeaseStatus
+from ._rule import QueueEntry, blockers, grant_order
+
+State = Literal["waiting", "granted"]
+MAX_WATCH = 16
+
+
+@dataclass
+class Req:
+    """One row of the lease table."""
+
+    rank: int
+    id: str
+    tenant: str
+    owner: str
+    step: str | None
+    attempt: int | None
+    resources: tuple[str, ...]
+    state: State
+    token: int | None
+    ttl: float
+    proc: Proc | None
+    acked: bool  # the holder's process has seen the grant (only then may pid death reap it)
+    created: float  # wall time, for display only
+    clock_boot: str  # the boot in which the clock readings below were taken
+    requested: float
+    granted_at: float | None
+    expires: float
+
+    @property
+    def key(self) -> tuple[str, int] | None:
+        if self.step is None or self.attempt is None:
+            return None
+        return (self.step, self.attempt)
+
+
+def check_ttl(ttl: object) -> float:
+    """Raises ``InvalidValue`` unless ``MIN_TTL <= ttl <= MAX_TTL`` (seconds)."""
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)):
+        raise InvalidValue(f"lease ttl must be a number of seconds, not {ttl!r}")
+    if not math.isfinite(ttl) or not MIN_TTL <= ttl <= MAX_TTL:
+        raise InvalidValue(f"lease ttl must be between {MIN_TTL} and {MAX_TTL} s, not {ttl!r}")
+    return float(ttl)
+
+
+def check_key(key: object) -> tuple[str, int] | None:
+    if key is None:
+        return None
+    if (
+        isinstance(key, tuple)
+        and len(key) == 2
+        and isinstance(key[0], str)
+        and isinstance(key[1], int)
+        and not isinstance(key[1], bool)
+        and 0 < len(key[0]) <= 256
+        and "\x00" not in key[0]
+    ):
+        return (key[0], key[1])
+    raise InvalidValue(f"lease key must be (step: str, attempt: int), not {key!r}")
+
+
+def check_owner(owner: object) -> str:
+    if not isinstance(owner, str) or not 0 < len(owner) <= 256 or "\x00" in owner:
+        raise InvalidValue(f"lease owner must be a non-empty string, not {owner!r}")
+    return owner
+
+
+@dataclass
+class Table:
+    """The lease rows plus the two counters, with change tracking for write-back."""
+
+    reqs: dict[int, Req] = field(default_factory=dict)
+    next_rank: int = 1
+    next_token: int = 1
+    dirty: set[int] = field(default_factory=set)
+    removed: set[int] = field(default_factory=set)
+    meta_dirty: bool = False
+
+    def clean(self) -> None:
+        self.dirty.clear()
+        self.removed.clear()
+        self.meta_dirty = False
+
+    def _remove(self, r: Req) -> None:
+        del self.reqs[r.rank]
+        self.dirty.discard(r.rank)
+        self.removed.add(r.rank)
+
+    def find(self, tenant: str, lease_id: str) -> Req | None:
+        for r in self.reqs.values():
+            if r.id == lease_id and r.tenant == tenant:
+                return r
+        return None
+
+    def _mine(self, tenant: str, lease_id: object, owner: str) -> Req:
+        r = self.find(tenant, lease_id) if isinstance(lease_id, str) else None
+        if r is None:
+            raise LeaseNotFound(lease_id)
+        if r.owner != owner:
+            raise LeaseNotFound(lease_id, f"belongs to another owner, not {owner!r}")
+        return r
+
+    # -- the transitions every state change starts and ends with ----------------------------
+
+    def reap(self, now: float, boot: str, probe: ProcessProbe) -> list[Req]:
+        """Remove expired requests and grants of provably dead processes."""
+        out = []
+        for r in sorted(self.reqs.values(), key=lambda r: r.rank):
+            if r.clock_boot != boot:
+                if r.state == "granted":
+                    out.append(r)
+                    continue
+                # A waiter's place survives a reboot: its deadline restarts on this boot's
+                # clock, giving its owner one TTL to come back and re-attach.
+                r.clock_boot, r.requested, r.expires = boot, now, now + r.ttl
+                self.dirty.add(r.rank)
+            elif r.expires <= now or (
+                r.state == "granted" and r.acked and r.proc is not None and probe.is_dead(r.proc)
+            ):
+                out.append(r)
+        for r in out:
+            self._remove(r)
+        return out
+
+    def grant(self, now: float) -> list[Req]:
+        """Apply the grant rule; newly granted requests get the next tokens in rank order."""
+        queue = [
+            QueueEntry(
+                r.rank, frozenset(f"{r.tenant}\x00{x}" for x in r.resources), r.state == "granted"
+            )
+            for r in self.reqs.values()
+        ]
+        out = []
+        for rank in grant_order(queue):
+            r = self.reqs[rank]
+            r.state, r.token, r.granted_at = "granted", self.next_token, now
+            # the holder has one TTL from the hand-off to notice (it may be restarting)
+            r.expires = now + r.ttl
+            r.acked = False
+            self.next_token += 1
+            self.meta_dirty = True
+            self.dirty.add(rank)
+            out.append(r)
+        return out
+
+    # -- operations -----------------------------------------------------------------------------
+
+    def request(
+        self,
+        *,
+        tenant: str,
+        owner: str,
+        resources: tuple[str, ...],
+        ttl: float,
+        key: tuple[str, int] | None,
+        proc: Proc,
+        wait: bool,
+        now: float,
+        boot: str,
+        wall: float,
+    ) -> tuple[Req, bool]:
+        """Queue a request (or re-attach to the one with the same key); return it and whether
+        the request was new.
+
+        Raises:
+            InvalidResource: the key is already used for other resources.
+            LeaseHeld: not ``wait`` and it cannot be granted now (it was withdrawn).
+        """
+        existing = None
+        if key is not None:
+            for r in self.reqs.values():
+                if (r.tenant, r.owner, r.key) == (tenant, owner, key):
+                    existing = r
+                    break
+        new = existing is None
+        if existing is not None:
+            if existing.resources != resources:
+                raise InvalidResource(
+                    list(resources), f"key {key!r} already requested {list(existing.resources)}"
+                )
+            r = existing
+            r.proc, r.ttl, r.expires = proc, ttl, now + ttl
+            self.dirty.add(r.rank)
+        else:
+            r = Req(
+                rank=self.next_rank,
+                id=secrets.token_hex(8),
+                tenant=tenant,
+                owner=owner,
+                step=key[0] if key else None,
+                attempt=key[1] if key else None,
+                resources=resources,
+                state="waiting",
+                token=None,
+                ttl=ttl,
+                proc=proc,
+                acked=False,
+                created=wall,
+                clock_boot=boot,
+                requested=now,
+                granted_at=None,
+                expires=now + ttl,
+            )
+            self.next_rank += 1
+            self.meta_dirty = True
+            self.reqs[r.rank] = r
+            self.dirty.add(r.rank)
+        self.grant(now)
+        if r.state == "granted":
+            r.acked = True
+        elif not wait:
+            held = self._conflict(r)
+            self._remove(r)
+            raise held
+        return r, new
+
+    def _conflict(self, r: Req) -> LeaseHeld:
+        mine = set(r.resources)
+        for other in sorted(self.reqs.values(), key=lambda o: (o.state != "granted", o.rank)):
+            if other is r or other.tenant != r.tenant:
+                continue
+            common = sorted(mine.intersection(other.resources))
+            if common:
+                if other.state == "granted":
+                    return LeaseHeld(common[0], other.owner, other.token)
+                return LeaseHeld(common[0], f"{other.owner} (queued earlier, rank {other.rank})")
+        return LeaseHeld(r.resources[0], "unknown")  # pragma: no cover - the rule granted it
+
+    def heartbeat(self, tenant: str, lease_id: str, owner: str, proc: Proc, now: float) -> Req:
+        """Renew a request's TTL (granted or waiting) and attach it to ``proc``.
+
+        Raises:
+            LeaseNotFound: no such request (released, reaped, expired) or not ``owner``'s.
+        """
+        r = self._mine(tenant, lease_id, owner)
+        r.proc, r.expires = proc, now + r.ttl
+        if r.state == "granted":
+            r.acked = True
+        self.dirty.add(r.rank)
+        return r
+
+    def release(self, tenant: str, lease_id: str, owner: str, token: int | None) -> Req:
+        """Release a grant.
+
+        Raises:
+            LeaseNotFound: no such lease, or another owner's.
+            LeaseLost: not granted, or ``token`` is not the grant's token.
+        """
+        r = self._mine(tenant, lease_id, owner)
+        if r.state != "granted":
+            raise LeaseLost(r.resources[0], "not granted (still waiting); cancel it instead")
+        if token is not None and token != r.token:
+            raise LeaseLost(r.resources[0], f"token {token} is not this grant's token", token)
+        self._remove(r)
+        return r
+
+    def cancel(self, tenant: str, lease_id: str, owner: str) -> Req | None:
+        """Withdraw a request (waiting or granted); None when it is already gone.
+
+        Raises:
+            LeaseNotFound: it is another owner's.
+        """
+        try:
+            r = self._mine(tenant, lease_id, owner)
+        except LeaseNotFound as exc:
+            if exc.reason == "no such lease":
+                return None
+            raise
+        self._remove(r)
+        return r
+
+    # -- views ------------------------------------------------------------------------------------
+
+    def state_of(self, r: Req, now: float) -> LeaseState:
+        wake_in = None
+        watch: list[int] = []
+        if r.state == "waiting":
+            ahead = [
+                o
+                for o in self.reqs.values()
+                if o.tenant == r.tenant and (o.state == "granted" or o.rank < r.rank)
+            ]
+            if ahead:
+                wake_in = max(0.0, min(o.expires for o in ahead) - now)
+            for o in ahead:
+                p = o.proc
+                if (
+                    o.state == "granted"
+                    and o.acked
+                    and p is not None
+                    and r.proc is not None
+                    and (p.host, p.boot) == (r.proc.host, r.proc.boot)
+                    and p.pid != r.proc.pid
+                ):
+                    watch.append(p.pid)
+        return LeaseState(
+            lease_id=r.id,
+            rank=r.rank,
+            owner=r.owner,
+            resources=r.resources,
+            state="granted" if r.state == "granted" else "waiting_on_lock",
+            token=r.token,
+            ttl=r.ttl,
+            expires_in=r.expires - now,
+            key=r.key,
+            wake_in=wake_in,
+            watch_pids=tuple(sorted(set(watch))[:MAX_WATCH]),
+        )
+
+    def status(self, tenant: str, now: float, wall: float) -> LeaseStatus:
+        rows = sorted((r for r in self.reqs.values() if r.tenant == tenant), key=lambda r: r.rank)
+        queue = [QueueEntry(r.rank, frozenset(r.resources), r.state == "granted") for r in rows]
+        infos = [
+            LeaseInfo(
+                lease_id=r.id,
+                rank=r.rank,
+                owner=r.owner,
+                key=r.key,
+                resources=r.resources,
+                state="granted" if r.state == "granted" else "waiting_on_lock",
+                token=r.token,
+                ttl=r.ttl,
+                age=max(0.0, wall - r.created),
+                held_for=None if r.granted_at is None else max(0.0, now - r.granted_at),
+                expires_in=r.expires - now,
+                host=r.proc.host if r.proc else None,
+                pid=r.proc.pid if r.proc else None,
+                blocked_by=tuple(blockers(queue, r.rank)),
+            )
+            for r in rows
+        ]
+        return LeaseStatus(
+            holders=tuple(i for i in infos if i.state == "granted"),
+            waiters=tuple(i for i in infos if i.state != "granted"),
+            next_token=self.next_token,
+        )
+
+    def copy(self) -> Table:
+        return Table({k: replace(v) for k, v in self.reqs.items()}, self.next_rank, self.next_token)
+
+
+def fence_error(
+    r: Req | None, resource: str, token: int, now: float, boot: str
+) -> LeaseLost | None:
+    """Why a write fenced by (lease, resource, token) must be refused; None when it may go."""
+    if r is None:
+        return LeaseLost(resource, "no such lease (released, reaped or never granted)", token)
+    if r.state != "granted":
+        return LeaseLost(resource, "the request is not granted", token)
+    if resource not in r.resources:
+        return LeaseLost(resource, "the lease does not cover this resource", token)
+    if r.token != token:
+        return LeaseLost(resource, f"token {token} is not the current token", token)
+    if r.clock_boot != boot or r.expires <= now:
+        return LeaseLost(resource, "the lease expired (TTL passed without a heartbeat)", token)
+    return None
