@@ -46,6 +46,7 @@ from ._models import Conflict as Conflict
 from ._models import HistoryEntry as HistoryEntry
 from ._models import Provenance as Provenance
 from ._models import Sibling as Sibling
+from ._models import Version as Version
 from ._record import Record as Record
 from ._replica import Replica as Replica
 from ._replica import tree_merge as tree_merge
@@ -96,6 +97,7 @@ __all__ = [
     "TextCollection",
     "UnknownRun",
     "UnsupportedURL",
+    "Version",
     "check_effect",
     "open_store",
     "tree_merge",

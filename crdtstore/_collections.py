@@ -14,7 +14,7 @@ from pydantic import BaseModel
 
 from ._errors import InvalidValue
 from ._journal import Op
-from ._models import Conflict, Sibling
+from ._models import Conflict, Sibling, Version
 from ._names import check_key
 from ._replica import text_diff
 from ._semantics import validate_value
@@ -99,6 +99,10 @@ class MapCollection(_Collection):
     def items(self) -> list[tuple[str, Any]]:
         return [(k, self._out(v)) for k, v in self._root.items()]
 
+    def current_version(self) -> Version:
+        """This collection's version now (see :meth:`Record.current_version`)."""
+        return self._rec.current_version(self.name)
+
     def get_versioned(self, key: str) -> tuple[Any, int | None]:
         """``(value, version)`` of ``key``: the version is the journal position of the write
         that made the current value, 0 if it was never written, None while that write is not
@@ -118,13 +122,23 @@ class MapCollection(_Collection):
 
     # -- writes --
 
-    async def set(self, key: str, value: Any, *, expected_version: int | None = None) -> None:
+    async def set(
+        self,
+        key: str,
+        value: Any,
+        *,
+        expected_version: int | None = None,
+        based_on: Version | None = None,
+    ) -> None:
         """Set ``key`` to ``value``.
 
         Args:
             expected_version: make it a guarded write: it succeeds only if ``key`` is still at
                 this version (see :meth:`get_versioned`; 0 = never written) at the store's
                 authority, and returns once journaled.
+            based_on: a :class:`Version` of the record or a collection that this write was
+                decided on (``rec.current_version(...)``): refused with ``StaleVersion`` if
+                that scope has changed since, checked at the store's authority.
 
         Raises:
             InvalidName: ``key`` is not a non-empty string of at most 1024 characters.
@@ -142,11 +156,11 @@ class MapCollection(_Collection):
             root[key] = stored
 
         ops: list[Op] = [["map", self.name, "set", key, stored]]
-        if expected_version is None:
+        if expected_version is None and based_on is None:
             await self._rec._write(ops, apply)
         else:
             await self._rec._write_guarded(
-                self.name, key, expected_version, ops, apply, lambda: self.get(key)
+                self.name, key, expected_version, ops, apply, lambda: self.get(key), based_on
             )
 
     async def update(self, values: Mapping[str, Any]) -> None:
@@ -162,10 +176,12 @@ class MapCollection(_Collection):
 
         await self._rec._write([["map", self.name, "set", k, v] for k, v in items], apply)
 
-    async def delete(self, key: str, *, expected_version: int | None = None) -> bool:
+    async def delete(
+        self, key: str, *, expected_version: int | None = None, based_on: Version | None = None
+    ) -> bool:
         """Delete ``key``; return whether it was there (nothing is journaled if not).
 
-        Raises as :meth:`set` (``expected_version`` makes it a guarded delete).
+        Raises as :meth:`set` (``expected_version`` or ``based_on`` make it a guarded delete).
         """
         check_key(key)
         root = self._root
@@ -175,9 +191,9 @@ class MapCollection(_Collection):
                 del root[key]
 
         ops: list[Op] = [["map", self.name, "del", key]]
-        if expected_version is not None:
+        if expected_version is not None or based_on is not None:
             await self._rec._write_guarded(
-                self.name, key, expected_version, ops, apply, lambda: self.get(key)
+                self.name, key, expected_version, ops, apply, lambda: self.get(key), based_on
             )
             return True
         if key not in root:
@@ -267,12 +283,19 @@ class KeepAllMap(MapCollection):
             meta = self._rec.provenance(self.name, pkey) or meta
         return meta
 
-    async def set(self, key: str, value: Any, *, expected_version: int | None = None) -> None:
+    async def set(
+        self,
+        key: str,
+        value: Any,
+        *,
+        expected_version: int | None = None,
+        based_on: Version | None = None,
+    ) -> None:
         """Write ``key``, resolving every sibling this replica has seen.
 
         Raises as :meth:`MapCollection.set`; ``expected_version`` is not supported here.
         """
-        if expected_version is not None:
+        if expected_version is not None or based_on is not None:
             raise InvalidValue("guarded writes are not available on keep_all collections")
         check_key(key)
         if SEP in key:
@@ -297,9 +320,11 @@ class KeepAllMap(MapCollection):
         """Resolve the siblings of ``key`` to ``value`` (a write that has seen them all)."""
         await self.set(key, value)
 
-    async def delete(self, key: str, *, expected_version: int | None = None) -> bool:
+    async def delete(
+        self, key: str, *, expected_version: int | None = None, based_on: Version | None = None
+    ) -> bool:
         """Delete every sibling of ``key`` this replica has seen; return whether any."""
-        if expected_version is not None:
+        if expected_version is not None or based_on is not None:
             raise InvalidValue("guarded writes are not available on keep_all collections")
         check_key(key)
         seen = list(self._groups().get(key, {}))

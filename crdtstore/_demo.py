@@ -63,6 +63,17 @@ _TOPICS = (
     "log lines are dropped under load",
 )
 
+_NOTES = (
+    "cache cold",
+    "retry budget low",
+    "index rebuilt",
+    "queue read twice",
+    "config drift",
+    "clock-bound test",
+    "unpinned dep",
+    "logs dropped",
+)
+
 
 def record_digest(data: dict[str, Any]) -> str:
     """A digest of a record's contents (``Record.to_dict()``), equal across equal replicas."""
@@ -127,7 +138,7 @@ async def run_agent(
                 acks = [{"key": key, "value": value}]
             else:
                 await rec.sync()  # see the lines the others have added so far
-                line = f"- [{agent}] note {n}: {rng.choice(_TOPICS)}"
+                line = f"- [{agent}] note {n}: {rng.choice(_NOTES)}"
                 lines = notes.read().splitlines(keepends=True)
                 at = rng.randint(0, len(lines))
                 await notes.edit("".join([*lines[:at], line + "\n", *lines[at:]]))

@@ -81,3 +81,16 @@ class Conflict(BaseModel):
 
     def to_json(self) -> dict[str, Any]:
         return {"__conflict__": [s.model_dump(mode="json") for s in self.siblings]}
+
+
+class Version(BaseModel):
+    """A point in a record's history, for staleness checks.
+
+    ``scope`` is ``"*"`` for the whole record or a collection name; ``seq`` is the journal
+    position of the last entry that touched that scope when the version was taken.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    scope: str
+    seq: int

@@ -35,7 +35,7 @@ from ._errors import (
     StoreClosed,
 )
 from ._journal import SOURCES, Durability, JournalEntry, NewEntry, Op
-from ._models import Change, HistoryEntry, Provenance
+from ._models import Change, HistoryEntry, Provenance, Version
 from ._names import check_name
 from ._replica import Meta, Replica, now
 from ._semantics import (
@@ -470,22 +470,64 @@ class Record:
         meta = self.replica.index.get(collection, {}).get(key)
         return 0 if meta is None else meta.seq
 
+    def current_version(self, collection: str | None = None) -> Version:
+        """The version of the whole record (``collection=None``) or of one collection, as this
+        replica knows it now. Pass it as ``based_on`` to refuse acting on a stale view."""
+        if collection is None:
+            return Version(scope="*", seq=max(self.replica.head, self.applied_seq))
+        check_name("collection", collection)
+        return Version(scope=collection, seq=self.replica.coll_seq.get(collection, 0))
+
+    async def changes_since(self, version: Version | int) -> _List[Change]:
+        """What changed after ``version`` (a :class:`Version` or a journal position): one
+        :class:`Change` per collection per journal entry, oldest first, filtered to the
+        version's collection when it has one. Flushes this record's writes first."""
+        self._check_open()
+        await self.flush()
+        seq = version if isinstance(version, int) else version.seq
+        scope = "*" if isinstance(version, int) else version.scope
+        out: _List[Change] = []
+        while True:
+            rows = await self._backend.read(self.tenant, self.run, seq, READ_CHUNK)
+            if not rows:
+                return out
+            for row in rows:
+                own = row.client_id == self.replica.client_id
+                for change in self._changes_of(row.effect, row.agent, row.source, row.seq, own):
+                    if scope in ("*", change.collection):
+                        out.append(change)
+            seq = rows[-1].seq
+
+    def _scope_seq(
+        self, scope: str, batch: _List[tuple[bytes, _List[Op], Meta]], seqs: _List[int]
+    ) -> int:
+        if scope == "*":
+            return max([self.replica.head, self.applied_seq, *seqs])
+        best = self.replica.coll_seq.get(scope, 0)
+        for (_, ops, _), seq in zip(batch, seqs, strict=True):
+            if any(op[1] == scope for op in ops):
+                best = max(best, seq)
+        return best
+
     async def _write_guarded(
         self,
         name: str,
         key: str,
-        expected: int,
+        expected: int | None,
         ops: _List[Op],
         apply: Callable[[], None],
         current: Callable[[], Any],
+        based_on: Version | None = None,
     ) -> int:
         """A conditional write, serialised by the store's authority: apply every entry not yet
         seen, check that ``name[key]`` is still at version ``expected``, then apply and
         journal the write, all inside one exclusive journal transaction."""
         if self._state != "open" or self._failure is not None:
             self._check_open()
-        if type(expected) is not int or expected < 0:
+        if expected is not None and (type(expected) is not int or expected < 0):
             raise InvalidValue(f"expected_version must be an int >= 0, not {expected!r}")
+        if based_on is not None and not isinstance(based_on, Version):
+            raise InvalidValue("based_on must be a Version (rec.current_version(...))")
         while self._txn_task is not None:
             if anyio.get_current_task().id == self._txn_task:
                 raise InvalidValue("a guarded write cannot be part of rec.transaction()")
@@ -503,8 +545,13 @@ class Record:
                     if rows:
                         await self._apply_remote(rows)
                     version = self._version_with(name, key, batch, seqs)
-                    if version != expected:
+                    if expected is not None and version != expected:
                         raise StaleVersion(name, key, expected, version, current())
+                    if based_on is not None:
+                        now_seq = self._scope_seq(based_on.scope, batch, seqs)
+                        if now_seq != based_on.seq:
+                            scope = None if based_on.scope == "*" else based_on.scope
+                            raise StaleVersion(scope or "*", None, based_on.seq, now_seq)
                     usage = self._enforce(ops, conditional=True) if self._specs else None
                     meta = Meta(self.agent, self.source, _time(), None)
                     try:
@@ -524,7 +571,7 @@ class Record:
             if batch:
                 self._mark_committed(batch, seqs)
             if update is None or meta is None:
-                return version
+                return version or 0
             self._written += 1
             self._mark_committed_guarded(ops, meta, own[0])
             if self._subscribers:
@@ -748,24 +795,31 @@ class Record:
 
     # -- change notification --------------------------------------------------------------------
 
-    def _emit(
-        self, ops: _List[Op], agent: str, source: str, seq: int | None, *, local: bool
-    ) -> None:
+    @staticmethod
+    def _changes_of(
+        ops: _List[Op], agent: str, source: str, seq: int | None, local: bool
+    ) -> _List[Change]:
         grouped: dict[tuple[str, str], _List[Op]] = {}
         for op in ops:
             grouped.setdefault((op[1], op[0]), []).append(op)
-        for (name, kind), cops in grouped.items():
-            keys = tuple(dict.fromkeys(op[3] for op in cops)) if kind == "map" else ()
-            change = Change(
+        return [
+            Change(
                 collection=name,
                 kind=kind,
-                keys=keys,
+                keys=tuple(dict.fromkeys(op[3] for op in cops)) if kind == "map" else (),
                 agent=agent,
                 source=source,
                 seq=seq,
                 local=local,
                 ops=tuple(tuple(op) for op in cops),
             )
+            for (name, kind), cops in grouped.items()
+        ]
+
+    def _emit(
+        self, ops: _List[Op], agent: str, source: str, seq: int | None, *, local: bool
+    ) -> None:
+        for change in self._changes_of(ops, agent, source, seq, local):
             for sub in self._subscribers:
                 if len(sub.queue) == sub.queue.maxlen:
                     sub.lost += 1

@@ -101,6 +101,8 @@ class Replica:
         self.index: dict[str, dict[str, Meta]] = {}
         self.seq = 0  # journal position reached, when driven by a replay
         self.skipped: list[JournalCorrupt] = []  # corrupt journal entries not applied
+        self.head = 0  # highest journal position reflected here (applied or own, journaled)
+        self.coll_seq: dict[str, int] = {}  # last journal position that touched a collection
         self._captured: bytes | None = None
         self._capturing = False
         self._txn_cm: Any = None
@@ -178,7 +180,11 @@ class Replica:
         """A local entry got its journal position: point its keys' provenance at it."""
         done = meta._replace(seq=seq)
         index = self.index
+        if seq > self.head:
+            self.head = seq
+        coll_seq = self.coll_seq
         for op in ops:
+            coll_seq[op[1]] = seq
             if op[0] == "map":
                 keys = index.get(op[1])
                 if keys is not None and keys.get(op[3]) is meta:
@@ -308,6 +314,10 @@ class Replica:
                     self._skip(JournalCorrupt(run, row.seq, "checksum mismatch"))
                     continue
                 current[0] = Meta(row.agent, row.source, row.wall_time, row.seq)
+                if row.seq > self.head:
+                    self.head = row.seq
+                for op in row.effect:
+                    self.coll_seq[op[1]] = row.seq
                 try:
                     self.apply_update(row.update)
                 except (InvalidUpdate, PayloadTooLarge) as exc:
@@ -344,10 +354,15 @@ class Replica:
             "index": {
                 name: {key: meta.as_list() for key, meta in keys.items()}
                 for name, keys in self.index.items()
-            }
+            },
+            "head": self.head,
+            "coll_seq": self.coll_seq,
         }
 
     def import_state(self, state: dict[str, Any]) -> None:
+        self.head = max(self.head, int(state.get("head", 0)))
+        for name, seq in state.get("coll_seq", {}).items():
+            self.coll_seq[name] = max(self.coll_seq.get(name, 0), int(seq))
         cache: dict[tuple[Any, ...], Meta] = {}
         for name, keys in state.get("index", {}).items():
             target = self.index.setdefault(name, {})

@@ -216,3 +216,38 @@ async def test_guarded_counter_with_concurrent_tasks(url: str) -> None:
             assert done["ok"] == 60
             await a.sync()
             assert a.map("c")["n"] == 60
+
+
+async def test_staleness_based_on_and_changes_since(url: str) -> None:
+    async with crdtstore.open_store(url) as store:
+        async with (
+            store.open_record(run="r", agent="planner") as a,
+            store.open_record(run="r", agent="worker") as b,
+        ):
+            await a.map("tasks").set("t1", "todo")
+            await a.map("notes").set("n", "x")
+            await a.flush()
+            await b.sync()
+            seen_tasks = b.current_version("tasks")
+            seen_all = b.current_version()
+            # an unrelated collection moves: a collection-scoped view is still fresh
+            await a.map("notes").set("n", "y")
+            await a.flush()
+            await b.map("plan").set("p", "go", based_on=seen_tasks)
+            with pytest.raises(StaleVersion):
+                await b.map("plan").set("p", "stop", based_on=seen_all)
+            # the tasks move: a write based on the old view of tasks is refused
+            before = b.current_version("tasks")
+            await a.map("tasks").set("t1", "done")
+            await a.flush()
+            journal = await journal_bytes(store, "r")
+            with pytest.raises(StaleVersion) as err:
+                await b.map("plan").set("p", "act on stale tasks", based_on=before)
+            assert err.value.current_version > before.seq
+            assert await journal_bytes(store, "r") == journal
+            changes = await b.changes_since(before)
+            assert [(c.collection, c.keys, c.agent) for c in changes] == [
+                ("tasks", ("t1",), "planner")
+            ]
+            every = await b.changes_since(0)
+            assert {c.collection for c in every} == {"tasks", "notes", "plan"}

@@ -59,7 +59,7 @@ async def _waiters(b: LeaseBackend, tenant: str = T) -> list[str]:
 
 
 def comparable(status: LeaseStatus) -> list[dict[str, object]]:
-    """A status without its clock readings (ages, remaining TTL), to compare two statuses taken at other times."""
+    """A status without its clock readings (ages, remaining TTL), to compare statuses."""
     return [
         i.model_dump(exclude={"age", "held_for", "expires_in"})
         for i in (*status.holders, *status.waiters)
