@@ -55,6 +55,8 @@ from ._semantics import check_effect as check_effect
 from ._store import CompactionResult as CompactionResult
 from ._store import Store as Store
 from ._store import open_store as open_store
+from ._view import ScopedMap as ScopedMap
+from ._view import View as View
 
 __version__ = "0.1.0.dev0"
 
@@ -90,6 +92,7 @@ __all__ = [
     "Replica",
     "RunInfo",
     "SchemaInvalid",
+    "ScopedMap",
     "Sibling",
     "StaleVersion",
     "Store",
@@ -98,6 +101,7 @@ __all__ = [
     "UnknownRun",
     "UnsupportedURL",
     "Version",
+    "View",
     "check_effect",
     "open_store",
     "tree_merge",

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from builtins import list as _List
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from time import time as _time
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +53,7 @@ from ._semantics import (
 if TYPE_CHECKING:
     from ._notify import Watch
     from ._store import Store
+    from ._view import View
 
 log = logging.getLogger("crdtstore.record")
 
@@ -314,6 +315,19 @@ class Record:
     def skipped(self) -> _List[Any]:
         """Corrupt journal entries (:class:`JournalCorrupt`) that were skipped, not applied."""
         return self.replica.skipped
+
+    def view(self, paths: Iterable[str]) -> View:
+        """The part of the record a step needs: ``"collection"``, ``"collection/key"`` or
+        ``"collection/prefix*"`` paths. ``view.data()`` is that slice as JSON with
+        provenance; ``view.map(name)`` and friends are handles that raise
+        ``PolicyViolation`` for anything outside it.
+
+        Raises:
+            InvalidName: a bad collection name in a path.
+        """
+        from ._view import View
+
+        return View(self, paths)
 
     def collections(self) -> dict[str, str]:
         """Every collection of the record: name -> kind (``map``, ``list``, ``text``)."""

@@ -251,3 +251,39 @@ async def test_staleness_based_on_and_changes_since(url: str) -> None:
             ]
             every = await b.changes_since(0)
             assert {c.collection for c in every} == {"tasks", "notes", "plan"}
+
+
+async def test_view_is_a_slice_with_provenance_and_a_scoped_handle(url: str) -> None:
+    async with crdtstore.open_store(url) as store:
+        async with store.open_record(run="r", agent="a", source="tool") as rec:
+            await rec.map("findings").update({"net/1": "dns", "net/2": "tls", "disk/1": "full"})
+            await rec.map("secrets").set("token", "s3cr3t")
+            await rec.list("log").append("started")
+            view = rec.view(["findings/net/*", "log"])
+            data = view.data()
+            assert set(data) == {"findings", "log"}
+            assert set(data["findings"]) == {"net/1", "net/2"}
+            assert data["findings"]["net/1"]["value"] == "dns"
+            assert data["findings"]["net/1"]["provenance"]["agent"] == "a"
+            assert data["findings"]["net/1"]["provenance"]["source"] == "tool"
+            assert data["log"] == ["started"]
+            scoped = view.map("findings")
+            assert scoped.get("net/2") == "tls"
+            await scoped.set("net/3", "mtu")
+            await rec.flush()
+            journal = await journal_bytes(store, "r")
+            for attempt in [
+                lambda: scoped.get("disk/1"),
+                lambda: view.map("secrets"),
+                lambda: view.text("notes"),
+            ]:
+                with pytest.raises(PolicyViolation):
+                    attempt()
+            with pytest.raises(PolicyViolation):
+                await scoped.set("disk/2", "nope")
+            with pytest.raises(PolicyViolation):
+                await scoped.delete("disk/1")
+            await rec.flush()
+            assert len(await journal_bytes(store, "r")) == len(journal)
+            assert sorted(scoped.keys()) == ["net/1", "net/2", "net/3"]
+            assert "disk/1" not in scoped
