@@ -461,7 +461,9 @@ class Record:
         plus a ``"*"`` total, so a summariser can be scheduled before a budget is reached."""
         out: dict[str, dict[str, int]] = {}
         total = Budget(0, 0)
-        for name, kind in self.replica.collections().items():
+        kinds = {name: spec.kind for name, spec in self._specs.items()}
+        kinds.update(self.replica.collections())
+        for name, kind in sorted(kinds.items()):
             b = measure(kind, self.replica.root(name, kind))
             total.entries += b.entries
             total.bytes += b.bytes
@@ -772,26 +774,35 @@ class Record:
         """Merge update bytes made elsewhere (another Yjs/pycrdt document) into the record,
         journaled as a write of this record's agent.
 
-        Only what the update actually adds is journaled (the delta the document integrated).
-        The effect of such an entry is empty: the bytes did not come through the typed API.
+        Only what the update actually adds is journaled (the delta the document integrated),
+        with its effect on map collections, so provenance and history attribute the values
+        it wrote to this record's agent. When the run declares policies or budgets, the
+        update is first tried on a scratch copy and its effect checked against them.
 
         Raises:
             InvalidUpdate: bytes that do not decode as a v1 update (nothing changes).
             PayloadTooLarge: larger than the store's ``max_update`` (nothing changes).
+            PolicyViolation, BudgetExceeded: the update's effect is refused (nothing changes).
         """
         self._check_open()
         self.replica.check_update(update)
         while self._txn_task is not None:
             await self._txn_idle.wait()
+        if any(
+            spec.policy != "open"
+            or spec.max_entries is not None
+            or spec.max_bytes is not None
+            or spec.max_value_bytes is not None
+            for spec in self._specs.values()
+        ):
+            scratch = Replica(max_update=self.replica.max_update)
+            scratch.apply_update(self.replica.doc.get_update())
+            self._enforce(scratch.apply_external(update)[0], conditional=False)
         meta = Meta(self.agent, self.source, now(), None)
         self._invalidate_all()
-        self.replica.begin()
-        try:
-            self.replica.apply_update(update)
-        finally:
-            delta = self.replica.end()
-            if delta is not None:
-                self._enqueue(delta, [], meta)
+        ops, delta = self.replica.apply_external(update, meta)
+        if delta is not None:
+            self._enqueue(delta, ops, meta)
         await self._after_write()
 
     async def sync(self) -> int:

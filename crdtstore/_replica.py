@@ -66,24 +66,77 @@ def tree_merge(updates: Sequence[bytes], fan_in: int = 64) -> bytes:
     return level[0]
 
 
+_CHAR_DIFF_LIMIT = 4096  # characters: above this a changed block is replaced whole
+
+
+def _common_prefix(a: str, b: str) -> int:
+    # binary search over slice equality: the comparisons run at C speed
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _common_suffix(a: str, b: str, limit: int) -> int:
+    lo, hi = 0, limit
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[len(a) - mid :] == b[len(b) - mid :]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 def text_diff(old: str, new: str) -> list[tuple[str, int, Any]]:
     """The character edits turning ``old`` into ``new``, last first (so indices stay valid).
 
-    Uses a real diff (not just common prefix/suffix), so an agent that rewrites a text with two
-    distant changes produces two small edits, and a concurrent edit between them survives.
+    A real diff, not a whole rewrite: an agent that rewrites a text with two distant changes
+    produces two small edits, and a concurrent edit between them survives. To stay fast on
+    long texts it trims the common prefix and suffix, matches lines, and compares characters
+    only inside changed blocks of lines (a block longer than a few thousand characters is
+    replaced whole).
     """
     if old == new:
         return []
-    ops: list[tuple[str, int, Any]] = []
-    matcher = difflib.SequenceMatcher(None, old, new, autojunk=False)
-    for tag, i1, i2, j1, j2 in reversed(matcher.get_opcodes()):
-        if tag == "equal":
-            continue
-        if i2 > i1:
-            ops.append(("del", i1, i2 - i1))
-        if j2 > j1:
-            ops.append(("ins", i1, new[j1:j2]))
-    return ops
+    p = _common_prefix(old, new)
+    q = _common_suffix(old, new, min(len(old), len(new)) - p)
+    a, b = old[p : len(old) - q], new[p : len(new) - q]
+    groups: list[list[tuple[str, int, Any]]] = []  # in text order, old coordinates
+
+    def replace(at: int, old_part: str, new_part: str) -> None:
+        group: list[tuple[str, int, Any]] = []
+        if old_part:
+            group.append(("del", at, len(old_part)))
+        if new_part:
+            group.append(("ins", at, new_part))
+        groups.append(group)
+
+    def chars(at: int, old_part: str, new_part: str) -> None:
+        if len(old_part) > _CHAR_DIFF_LIMIT and len(new_part) > _CHAR_DIFF_LIMIT:
+            replace(at, old_part, new_part)
+            return
+        matcher = difflib.SequenceMatcher(None, old_part, new_part, autojunk=False)
+        for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+            if tag != "equal":
+                replace(at + i1, old_part[i1:i2], new_part[j1:j2])
+
+    if not a or not b:
+        replace(p, a, b)
+    else:
+        la, lb = a.splitlines(keepends=True), b.splitlines(keepends=True)
+        offsets = [0]
+        for line in la:
+            offsets.append(offsets[-1] + len(line))
+        lines = difflib.SequenceMatcher(None, la, lb, autojunk=False)
+        for tag, i1, i2, j1, j2 in lines.get_opcodes():
+            if tag != "equal":
+                chars(p + offsets[i1], "".join(la[i1:i2]), "".join(lb[j1:j2]))
+    return [op for group in reversed(groups) for op in group]
 
 
 class Replica:
@@ -281,6 +334,56 @@ class Replica:
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
             raise InvalidUpdate(f"{type(exc).__name__}: {exc}") from None
+
+    def apply_external(
+        self, update: bytes, meta: Meta | None = None
+    ) -> tuple[list[Op], bytes | None]:
+        """Apply update bytes made outside the typed API; return the effect they had on map
+        collections (sets with their values, deletes) and the delta the document integrated
+        (None if nothing was new), recording ``meta`` as the provenance of every key they
+        changed.
+
+        Raises:
+            PayloadTooLarge, InvalidUpdate: see :meth:`check_update`; the doc is unchanged.
+        """
+        self.check_update(update)
+        before = {n for n, k in self.collections().items() if k == "map"}
+        changes: list[tuple[str, str, Any]] = []
+        subs = []
+        for name in before:
+            root = self.root(name, "map")
+            subs.append((root, root.observe(self._effect_observer(name, changes))))
+        # no enclosing transaction: map events fire when apply_update's own one commits
+        self._captured = None
+        self._capturing = True
+        try:
+            self.apply_update(update)
+        finally:
+            self._capturing = False
+            for root, sub in subs:
+                root.unobserve(sub)
+        delta, self._captured = self._captured, None
+        ops: list[Op] = []
+        for name, key, change in changes:
+            if change.get("action") == "delete":
+                ops.append(["map", name, "del", key])
+            else:
+                ops.append(["map", name, "set", key, change.get("newValue")])
+        for name, kind in self.collections().items():
+            if kind == "map" and name not in before:
+                ops.extend(["map", name, "set", k, v] for k, v in self.root(name, "map").items())
+        if meta is not None:
+            for op in ops:
+                self.index.setdefault(op[1], {})[op[3]] = meta
+        return ops, delta
+
+    @staticmethod
+    def _effect_observer(name: str, changes: list[tuple[str, str, Any]]) -> Callable[[Any], None]:
+        def on_event(event: Any) -> None:
+            for key, change in event.keys.items():
+                changes.append((name, key, change))
+
+        return on_event
 
     def apply_rows(self, rows: Iterable[Row], run: str = "") -> None:
         """Apply journal entries in the given (causal) order, keeping provenance exact.

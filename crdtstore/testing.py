@@ -141,6 +141,10 @@ async def _snapshots(b: JournalBackend) -> None:
     await b.save_snapshot("t", "r", older, drop_journal=False)
     got = await b.load_snapshot("t", "r")
     assert got is not None and got.seq == 3, "an older snapshot must not replace a newer one"
+    await b.save_snapshot("t", "r", SnapshotRow(2, b"old", {}, time.time()), drop_journal=True)
+    assert [r.seq for r in await b.read("t", "r", 0)] == [4, 5], (
+        "drop_journal with an older snapshot drops up to the newer one that is kept"
+    )
     await b.save_snapshot("t", "r", SnapshotRow(4, b"m4", {}, time.time()), drop_journal=True)
     assert [r.seq for r in await b.read("t", "r", 0)] == [5], "drop_journal drops the prefix"
     assert await b.append("t", "r", [_entry(6)], durable=False) == [6]

@@ -129,11 +129,10 @@ class MemoryJournal(JournalBackend):
         self, tenant: str, run: str, snapshot: SnapshotRow, *, drop_journal: bool
     ) -> None:
         r = self._run(tenant, run)
-        if r.snapshot is not None and r.snapshot.seq >= snapshot.seq:
-            return  # a newer snapshot is already there; keep it
-        r.snapshot = snapshot
+        if r.snapshot is None or r.snapshot.seq < snapshot.seq:
+            r.snapshot = snapshot  # else a newer snapshot is already there: keep it
         if drop_journal:
-            r.rows = [row for row in r.rows if row.seq > snapshot.seq]
+            r.rows = [row for row in r.rows if row.seq > r.snapshot.seq]
 
     async def history(self, tenant: str, run: str, collection: str, key: str) -> list[Row]:
         return [

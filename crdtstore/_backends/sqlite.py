@@ -361,19 +361,19 @@ class SQLiteJournal(JournalBackend):
 
         def tx(db: sqlite3.Connection) -> None:
             current = db.execute("SELECT seq FROM snapshots WHERE run_id = ?", (rid,)).fetchone()
+            kept = snapshot.seq
             if current is not None and current[0] >= snapshot.seq:
-                return  # a newer snapshot landed meanwhile; keep it
-            db.execute(
-                "INSERT OR REPLACE INTO snapshots (run_id, seq, upd, state, created)"
-                " VALUES (?, ?, ?, ?, ?)",
-                (rid, snapshot.seq, snapshot.update, state, snapshot.created),
-            )
-            db.execute("UPDATE runs SET snapshot_seq = ? WHERE id = ?", (snapshot.seq, rid))
-            if drop_journal:
-                db.execute("DELETE FROM journal WHERE run_id = ? AND seq <= ?", (rid, snapshot.seq))
+                kept = current[0]  # a newer snapshot landed meanwhile; keep it
+            else:
                 db.execute(
-                    "DELETE FROM journal_keys WHERE run_id = ? AND seq <= ?", (rid, snapshot.seq)
+                    "INSERT OR REPLACE INTO snapshots (run_id, seq, upd, state, created)"
+                    " VALUES (?, ?, ?, ?, ?)",
+                    (rid, snapshot.seq, snapshot.update, state, snapshot.created),
                 )
+                db.execute("UPDATE runs SET snapshot_seq = ? WHERE id = ?", (snapshot.seq, rid))
+            if drop_journal:
+                db.execute("DELETE FROM journal WHERE run_id = ? AND seq <= ?", (rid, kept))
+                db.execute("DELETE FROM journal_keys WHERE run_id = ? AND seq <= ?", (rid, kept))
 
         await self._write(tx, durable=True)
 
