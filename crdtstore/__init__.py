@@ -41,12 +41,17 @@ from ._errors import UnsupportedURL as UnsupportedURL
 from ._journal import JournalBackend as JournalBackend
 from ._journal import JournalEntry as JournalEntry
 from ._journal import RunInfo as RunInfo
+from ._leases import Lease as Lease
+from ._leases import LeaseInfo as LeaseInfo
+from ._leases import Leases as Leases
+from ._leases import LeaseStatus as LeaseStatus
 from ._models import Change as Change
 from ._models import Conflict as Conflict
 from ._models import HistoryEntry as HistoryEntry
 from ._models import Provenance as Provenance
 from ._models import Sibling as Sibling
 from ._models import Version as Version
+from ._record import Claim as Claim
 from ._record import Record as Record
 from ._replica import Replica as Replica
 from ._replica import tree_merge as tree_merge
@@ -64,6 +69,7 @@ __all__ = [
     "BackendError",
     "BudgetExceeded",
     "Change",
+    "Claim",
     "CollectionKindMismatch",
     "CollectionSpec",
     "CompactionResult",
@@ -78,11 +84,15 @@ __all__ = [
     "JournalCorrupt",
     "JournalEntry",
     "KeepAllMap",
+    "Lease",
     "LeaseError",
     "LeaseHeld",
+    "LeaseInfo",
     "LeaseLost",
     "LeaseNotFound",
+    "LeaseStatus",
     "LeaseTimeout",
+    "Leases",
     "ListCollection",
     "MapCollection",
     "PayloadTooLarge",

@@ -21,6 +21,7 @@ from ._semantics import validate_value
 from ._values import from_stored, to_stored
 
 if TYPE_CHECKING:
+    from ._leases import Lease
     from ._models import HistoryEntry, Provenance
     from ._record import Record
 
@@ -129,6 +130,8 @@ class MapCollection(_Collection):
         *,
         expected_version: int | None = None,
         based_on: Version | None = None,
+        lease: Lease | None = None,
+        resource: str | None = None,
     ) -> None:
         """Set ``key`` to ``value``.
 
@@ -139,6 +142,9 @@ class MapCollection(_Collection):
             based_on: a :class:`Version` of the record or a collection that this write was
                 decided on (``rec.current_version(...)``): refused with ``StaleVersion`` if
                 that scope has changed since, checked at the store's authority.
+            lease: a fenced write: checked in the same transaction as the write that the
+                lease is still granted, covers ``resource`` (default: ``key`` as a repo path,
+                else ``item:<collection>/<key>``) and holds the newest token.
 
         Raises:
             InvalidName: ``key`` is not a non-empty string of at most 1024 characters.
@@ -147,6 +153,7 @@ class MapCollection(_Collection):
             PolicyViolation: the collection's write policy refuses it.
             BudgetExceeded: it would take the collection past a budget.
             StaleVersion: (guarded) the version moved; carries the current version and value.
+            LeaseLost: (fenced) the lease is gone, superseded or does not cover the key.
         """
         check_key(key)
         stored = self._in(key, value)
@@ -156,12 +163,30 @@ class MapCollection(_Collection):
             root[key] = stored
 
         ops: list[Op] = [["map", self.name, "set", key, stored]]
-        if expected_version is None and based_on is None:
+        if expected_version is None and based_on is None and lease is None:
             await self._rec._write(ops, apply)
         else:
             await self._rec._write_guarded(
-                self.name, key, expected_version, ops, apply, lambda: self.get(key), based_on
+                self.name,
+                key,
+                expected_version,
+                ops,
+                apply,
+                lambda: self.get(key),
+                based_on,
+                self._fence(key, lease, resource),
             )
+
+    def _fence(
+        self, key: str, lease: Lease | None, resource: str | None
+    ) -> tuple[Lease, str] | None:
+        if lease is None:
+            return None
+        if resource is None:
+            return lease, self._rec.fenced_resource(self.name, key, lease)
+        from ._leases import canonical_resource
+
+        return lease, canonical_resource(resource)
 
     async def update(self, values: Mapping[str, Any]) -> None:
         """Set several keys in one transaction (one journal entry)."""
@@ -177,11 +202,18 @@ class MapCollection(_Collection):
         await self._rec._write([["map", self.name, "set", k, v] for k, v in items], apply)
 
     async def delete(
-        self, key: str, *, expected_version: int | None = None, based_on: Version | None = None
+        self,
+        key: str,
+        *,
+        expected_version: int | None = None,
+        based_on: Version | None = None,
+        lease: Lease | None = None,
+        resource: str | None = None,
     ) -> bool:
         """Delete ``key``; return whether it was there (nothing is journaled if not).
 
-        Raises as :meth:`set` (``expected_version`` or ``based_on`` make it a guarded delete).
+        Raises as :meth:`set` (``expected_version``, ``based_on`` or ``lease`` make it a
+        guarded delete).
         """
         check_key(key)
         root = self._root
@@ -191,9 +223,16 @@ class MapCollection(_Collection):
                 del root[key]
 
         ops: list[Op] = [["map", self.name, "del", key]]
-        if expected_version is not None or based_on is not None:
+        if expected_version is not None or based_on is not None or lease is not None:
             await self._rec._write_guarded(
-                self.name, key, expected_version, ops, apply, lambda: self.get(key), based_on
+                self.name,
+                key,
+                expected_version,
+                ops,
+                apply,
+                lambda: self.get(key),
+                based_on,
+                self._fence(key, lease, resource),
             )
             return True
         if key not in root:
@@ -290,12 +329,14 @@ class KeepAllMap(MapCollection):
         *,
         expected_version: int | None = None,
         based_on: Version | None = None,
+        lease: Lease | None = None,
+        resource: str | None = None,
     ) -> None:
         """Write ``key``, resolving every sibling this replica has seen.
 
         Raises as :meth:`MapCollection.set`; ``expected_version`` is not supported here.
         """
-        if expected_version is not None or based_on is not None:
+        if expected_version is not None or based_on is not None or lease is not None:
             raise InvalidValue("guarded writes are not available on keep_all collections")
         check_key(key)
         if SEP in key:
@@ -321,10 +362,16 @@ class KeepAllMap(MapCollection):
         await self.set(key, value)
 
     async def delete(
-        self, key: str, *, expected_version: int | None = None, based_on: Version | None = None
+        self,
+        key: str,
+        *,
+        expected_version: int | None = None,
+        based_on: Version | None = None,
+        lease: Lease | None = None,
+        resource: str | None = None,
     ) -> bool:
         """Delete every sibling of ``key`` this replica has seen; return whether any."""
-        if expected_version is not None or based_on is not None:
+        if expected_version is not None or based_on is not None or lease is not None:
             raise InvalidValue("guarded writes are not available on keep_all collections")
         check_key(key)
         seen = list(self._groups().get(key, {}))

@@ -14,6 +14,7 @@ at once and :meth:`Record.flush` is the durability barrier.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from builtins import list as _List
 from collections import deque
@@ -31,10 +32,12 @@ from ._errors import (
     CollectionKindMismatch,
     CrdtStoreError,
     InvalidValue,
+    LeaseHeld,
+    LeaseLost,
     StaleVersion,
     StoreClosed,
 )
-from ._journal import SOURCES, Durability, JournalEntry, NewEntry, Op
+from ._journal import SOURCES, Authority, Durability, JournalEntry, NewEntry, Op
 from ._models import Change, HistoryEntry, Provenance, Version
 from ._names import check_name
 from ._replica import Meta, Replica, now
@@ -51,6 +54,7 @@ from ._semantics import (
 )
 
 if TYPE_CHECKING:
+    from ._leases import Lease
     from ._notify import Watch
     from ._store import Store
     from ._view import View
@@ -461,7 +465,7 @@ class Record:
         plus a ``"*"`` total, so a summariser can be scheduled before a budget is reached."""
         out: dict[str, dict[str, int]] = {}
         total = Budget(0, 0)
-        kinds = {name: spec.kind for name, spec in self._specs.items()}
+        kinds: dict[str, str] = {name: spec.kind for name, spec in self._specs.items()}
         kinds.update(self.replica.collections())
         for name, kind in sorted(kinds.items()):
             b = measure(kind, self.replica.root(name, kind))
@@ -534,6 +538,7 @@ class Record:
         apply: Callable[[], None],
         current: Callable[[], Any],
         based_on: Version | None = None,
+        fence: tuple[Lease, str] | None = None,
     ) -> int:
         """A conditional write, serialised by the store's authority: apply every entry not yet
         seen, check that ``name[key]`` is still at version ``expected``, then apply and
@@ -560,6 +565,8 @@ class Record:
                     rows = await auth.read(self.applied_seq)
                     if rows:
                         await self._apply_remote(rows)
+                    if fence is not None:
+                        await self._check_fence(auth, *fence)
                     version = self._version_with(name, key, batch, seqs)
                     if expected is not None and version != expected:
                         raise StaleVersion(name, key, expected, version, current())
@@ -593,6 +600,80 @@ class Record:
             if self._subscribers:
                 self._emit(ops, self.agent, self.source, own[0], local=True)
             return own[0]
+
+    async def _check_fence(self, auth: Authority, lease: Lease, resource: str) -> None:
+        """The lease fencing check, inside the authority transaction of the write it guards:
+        the lease must still be granted, cover ``resource`` and hold the newest token."""
+        from ._leases import SQLiteLeases, check_fence
+
+        backend = self._store.leases.backend
+        lease_id, token, tenant = lease.lease_id, lease.token, self.tenant
+        if isinstance(backend, SQLiteLeases):
+            clock = backend.clock
+            await auth.run_sync(
+                lambda db: check_fence(db, lease_id, resource, token, tenant=tenant, clock=clock)
+            )
+        else:
+            await backend.check(tenant, lease_id, resource, token)
+
+    def fenced_resource(self, collection: str, key: str, lease: Lease) -> str:
+        """The resource a fenced write of ``collection[key]`` is checked against: the key as a
+        repo path if the lease covers it, else the work item ``item:<collection>/<key>``.
+
+        Raises:
+            LeaseLost: the lease covers neither.
+        """
+        from ._leases import canonical_resource, item_resource
+
+        candidates = []
+        with contextlib.suppress(CrdtStoreError):
+            candidates.append(canonical_resource(key))
+        with contextlib.suppress(CrdtStoreError):
+            candidates.append(item_resource(collection, key))
+        for res in candidates:
+            if res in lease.resources:
+                return res
+        raise LeaseLost(key, f"the lease covers {list(lease.resources)}, not this key")
+
+    async def claim(
+        self,
+        collection: str,
+        item_id: str,
+        *,
+        ttl: float = 30.0,
+        wait: bool = False,
+        timeout: float | None = None,  # noqa: ASYNC109 - withdraws the request: LeaseTimeout
+    ) -> Claim:
+        """Take the work item ``collection/item_id`` for this agent: a lease on
+        ``item:<collection>/<item_id>`` plus a fenced entry in the map ``claims`` (key
+        ``<collection>/<item_id>``: claimer, token, time, state) that every agent sees.
+
+        Raises:
+            LeaseHeld: someone else holds it (and ``wait`` is False), or it is already done;
+                names the holder (or who completed it).
+            LeaseTimeout: waited past ``timeout``.
+            InvalidResource: a bad collection or item id.
+        """
+        from ._leases import item_resource
+
+        self._check_open()
+        check_name("collection", collection)
+        resource = item_resource(collection, item_id)
+        lease = self._store.lease([resource], ttl=ttl, owner=self.agent, wait=wait, timeout=timeout)
+        await lease.acquire()
+        claim = Claim(self, collection, item_id, lease)
+        try:
+            # a holder writes "done" before it releases: with the lease ours, a sync shows it
+            await self.sync()
+            prior = self.map("claims").get(claim.key)
+            if isinstance(prior, dict) and prior.get("state") == "done":
+                raise LeaseHeld(resource, str(prior.get("claimer")), prior.get("token"))
+            await claim._record("claimed")
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await lease.release()
+            raise
+        return claim
 
     def _mark_committed_guarded(self, ops: _List[Op], meta: Meta, seq: int) -> None:
         self.replica.journaled(ops, meta, seq)
@@ -938,6 +1019,63 @@ class ChangeStream(AsyncIterator[Change]):
 
     async def __aexit__(self, *exc: object) -> None:
         self.close()
+
+
+class Claim:
+    """A work item taken by :meth:`Record.claim`. Use ``async with await rec.claim(...)``
+    or call :meth:`complete` / :meth:`release`."""
+
+    def __init__(self, rec: Record, collection: str, item_id: str, lease: Lease) -> None:
+        self._rec = rec
+        self.collection = collection
+        self.item_id = item_id
+        self.lease = lease
+        self.key = f"{collection}/{item_id}"
+
+    @property
+    def token(self) -> int:
+        """The claim's fencing token."""
+        return self.lease.token
+
+    async def _record(self, state: str, result: Any = None) -> None:
+        entry = {
+            "claimer": self._rec.agent,
+            "token": self.lease.token,
+            "time": _time(),
+            "state": state,
+        }
+        if result is not None:
+            entry["result"] = result
+        await self._rec.map("claims").set(
+            self.key, entry, lease=self.lease, resource=self.lease.resources[0]
+        )
+
+    async def complete(self, result: Any = None) -> None:
+        """Mark the item done in the record (a fenced write), then release the lease.
+
+        Raises:
+            LeaseLost: the claim was lost (expired, reaped): nothing was written.
+        """
+        try:
+            await self._record("done", result)
+        finally:
+            await self.lease.release()
+
+    async def release(self) -> None:
+        """Give the item back: mark it released in the record and release the lease."""
+        if self.lease.granted:
+            try:
+                await self._record("released")
+            finally:
+                await self.lease.release()
+
+    async def __aenter__(self) -> Claim:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.lease.granted:
+            with anyio.CancelScope(shield=True):
+                await self.release()
 
 
 class _Transaction:

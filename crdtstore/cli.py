@@ -47,8 +47,10 @@ from rich.text import Text
 from rich.tree import Tree
 
 from . import CrdtStoreError, JournalEntry, Record, RunInfo, Store, _demo, open_store
+from ._cli_leases import leases_command
 
 T = TypeVar("T")
+
 
 app = typer.Typer(
     name="crdtstore",
@@ -78,6 +80,9 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a t
 def main() -> None:
     """Entry point of the ``crdtstore`` console script."""
     app()
+
+
+app.command("leases")(leases_command)
 
 
 # -- helpers ------------------------------------------------------------------------------------

@@ -21,8 +21,9 @@ import anyio
 
 from ._errors import UnknownRun
 from ._journal import JournalBackend, NewEntry, SnapshotRow, checksum
+from ._leases._conformance import check_lease_backend
 
-__all__ = ["check_journal_backend"]
+__all__ = ["check_journal_backend", "check_lease_backend"]
 
 
 def _entry(i: int, effect: list[list[Any]] | None = None) -> NewEntry:
