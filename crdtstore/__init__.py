@@ -33,6 +33,7 @@ from ._errors import LeaseNotFound as LeaseNotFound
 from ._errors import LeaseTimeout as LeaseTimeout
 from ._errors import PayloadTooLarge as PayloadTooLarge
 from ._errors import PolicyViolation as PolicyViolation
+from ._errors import RunClosed as RunClosed
 from ._errors import SchemaInvalid as SchemaInvalid
 from ._errors import StaleVersion as StaleVersion
 from ._errors import StoreClosed as StoreClosed
@@ -100,6 +101,7 @@ __all__ = [
     "Provenance",
     "Record",
     "Replica",
+    "RunClosed",
     "RunInfo",
     "SchemaInvalid",
     "ScopedMap",

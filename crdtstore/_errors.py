@@ -12,6 +12,7 @@ composes its own message from its fields::
     ├── CollectionKindMismatch (TypeError)  COLLECTION_KIND
     ├── UnknownRun (LookupError)            UNKNOWN_RUN
     ├── StoreClosed (RuntimeError)          CLOSED
+    ├── RunClosed (PermissionError)         RUN_CLOSED
     ├── SchemaInvalid (ValueError)          SCHEMA_INVALID
     ├── PolicyViolation (PermissionError)   POLICY_VIOLATION
     ├── StaleVersion                        STALE_VERSION
@@ -50,6 +51,7 @@ __all__ = [
     "LeaseTimeout",
     "PayloadTooLarge",
     "PolicyViolation",
+    "RunClosed",
     "SchemaInvalid",
     "StaleVersion",
     "StoreClosed",
@@ -158,6 +160,18 @@ class StoreClosed(CrdtStoreError, RuntimeError):
     def __init__(self, what: str) -> None:
         self.what = what
         super().__init__(f"{what} is closed")
+
+
+class RunClosed(CrdtStoreError, PermissionError):
+    """The run is closed or archived: its record can be read, not written."""
+
+    code = "RUN_CLOSED"
+
+    def __init__(self, tenant: str, run: str, state: str) -> None:
+        self.tenant = tenant
+        self.run = run
+        self.state = state
+        super().__init__(f"run {run!r} of tenant {tenant!r} is {state}: no more writes")
 
 
 class BackendError(CrdtStoreError, OSError):

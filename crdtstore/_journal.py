@@ -44,7 +44,10 @@ def checksum(update: bytes) -> int:
 
 
 class NewEntry(NamedTuple):
-    """An entry about to be appended (no journal position yet)."""
+    """An entry about to be appended (no journal position yet).
+
+    ``origin`` is the nested run that wrote it ("" for the journal's own run).
+    """
 
     agent: str
     source: str
@@ -53,6 +56,7 @@ class NewEntry(NamedTuple):
     update: bytes
     effect: list[Op]
     checksum: int
+    origin: str = ""
 
 
 class Row(NamedTuple):
@@ -66,6 +70,7 @@ class Row(NamedTuple):
     update: bytes
     effect: list[Op]
     checksum: int
+    origin: str = ""
 
 
 class SnapshotRow(NamedTuple):
@@ -77,12 +82,18 @@ class SnapshotRow(NamedTuple):
     created: float
 
 
+RunState = Literal["open", "closed", "archived"]
+
+
 class RunRow(NamedTuple):
     tenant: str
     run: str
     created: float
     head: int
     snapshot_seq: int
+    parent: str | None = None
+    state: str = "open"
+    delete_after: float | None = None
 
 
 class JournalEntry(BaseModel):
@@ -99,11 +110,13 @@ class JournalEntry(BaseModel):
     size: int
     effect: list[Op]
     update: bytes
+    origin_run: str
 
     @classmethod
     def from_row(cls, run: str, row: Row) -> JournalEntry:
         return cls(
             run=run,
+            origin_run=row.origin or run,
             seq=row.seq,
             agent=row.agent,
             source=row.source,
@@ -125,6 +138,9 @@ class RunInfo(BaseModel):
     created: float
     head: int
     snapshot_seq: int
+    parent: str | None = None
+    state: str = "open"
+    delete_after: float | None = None
 
 
 class Authority(ABC):
@@ -164,8 +180,24 @@ class JournalBackend(ABC):
         """Release resources. Idempotent."""
 
     @abstractmethod
-    async def ensure_run(self, tenant: str, run: str, *, create: bool) -> RunRow:
-        """Return the run, creating it if ``create``; raise ``UnknownRun`` otherwise."""
+    async def ensure_run(
+        self, tenant: str, run: str, *, create: bool, parent: str | None = None
+    ) -> RunRow:
+        """Return the run, creating it if ``create`` (as a child of ``parent``, which must
+        exist); raise ``UnknownRun`` otherwise, ``InvalidValue`` if it exists with another
+        parent."""
+
+    @abstractmethod
+    async def set_run(
+        self,
+        tenant: str,
+        run: str,
+        *,
+        state: str | None = None,
+        delete_after: float | Literal["keep"] | None = "keep",
+    ) -> RunRow:
+        """Change a run's state (``open``, ``closed``, ``archived``) or retention deadline
+        (seconds since the epoch; None for none)."""
 
     @abstractmethod
     async def get_run(self, tenant: str, run: str) -> RunRow | None:
@@ -210,7 +242,7 @@ class JournalBackend(ABC):
 
     @abstractmethod
     async def delete_run(self, tenant: str, run: str) -> bool:
-        """Remove every byte of the run; return whether it existed."""
+        """Remove every byte of the run and of its nested runs; return whether it existed."""
 
     @abstractmethod
     async def get_config(self, tenant: str, run: str) -> dict[str, Any]:

@@ -30,6 +30,7 @@ class HistoryEntry(BaseModel):
     value: Any
     deleted: bool
     provenance: Provenance
+    redacted: bool = False
 
 
 class Change(BaseModel):

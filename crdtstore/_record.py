@@ -34,6 +34,7 @@ from ._errors import (
     InvalidValue,
     LeaseHeld,
     LeaseLost,
+    RunClosed,
     StaleVersion,
     StoreClosed,
 )
@@ -100,9 +101,13 @@ class Record:
         durability: Durability | None = None,
         create: bool = True,
         schema: Mapping[str, CollectionSpec] | None = None,
+        parent: str | None = None,
         max_pending: int = 10_000,
     ) -> None:
         self.run = check_name("run", run)
+        self.parent = None if parent is None else check_name("run", parent)
+        self._jrun = self.run  # the run whose journal holds the record (the root run)
+        self._origin = ""  # what entries of this record carry as their nested run
         self.agent = check_name("agent", agent)
         if source not in SOURCES:
             raise InvalidValue(f"source must be one of {sorted(SOURCES)}, not {source!r}")
@@ -154,10 +159,26 @@ class Record:
         if self._state != "new":
             raise StoreClosed("record")
         self._store._check_open()
-        await self._backend.ensure_run(self.tenant, self.run, create=self._create)
+        info = await self._backend.ensure_run(
+            self.tenant, self.run, create=self._create, parent=self.parent
+        )
+        # a nested run shares the record of its root run, under its own attribution
+        seen = {info.run}
+        while info.parent is not None:
+            info = await self._backend.ensure_run(self.tenant, info.parent, create=False)
+            if info.run in seen:
+                raise InvalidValue(f"run {self.run!r} has a cycle of parents")
+            seen.add(info.run)
+        self._jrun = info.run
+        self._origin = "" if self._jrun == self.run else self.run
+        if self._create:  # opened to write: every run of the chain must be open
+            for name in seen:
+                row = await self._backend.get_run(self.tenant, name)
+                if row is not None and row.state != "open":
+                    raise RunClosed(self.tenant, name, row.state)
         await self._load_specs(self._declare)
         await self._load()
-        self._watch = self._store._notifier.watch(self.tenant, self.run)
+        self._watch = self._store._notifier.watch(self.tenant, self._jrun)
         self._stopped = anyio.Event()
         await self._store._spawn(self._background)
         self._state = "open"
@@ -184,7 +205,7 @@ class Record:
             self._state = "closed"
             self._store._records.discard(self)
             if self._watch is not None:
-                self._store._notifier.unwatch(self.tenant, self.run)
+                self._store._notifier.unwatch(self.tenant, self._jrun)
             for sub in self._subscribers:
                 sub.event.set()
             self._scope.cancel()
@@ -237,9 +258,9 @@ class Record:
                         )
                 return {**config, "collections": cols}
 
-            config = await self._backend.update_config(self.tenant, self.run, merge)
+            config = await self._backend.update_config(self.tenant, self._jrun, merge)
         else:
-            config = await self._backend.get_config(self.tenant, self.run)
+            config = await self._backend.get_config(self.tenant, self._jrun)
         specs = {n: spec_from_declaration(d) for n, d in config.get("collections", {}).items()}
         for name, spec in {**self._specs, **declare}.items():
             if spec.model is not None and name in specs:
@@ -264,16 +285,16 @@ class Record:
         return self._specs.get(name)
 
     async def _load(self) -> None:
-        snap = await self._backend.load_snapshot(self.tenant, self.run)
+        snap = await self._backend.load_snapshot(self.tenant, self._jrun)
         if snap is not None:
             self.replica.apply_update(snap.update)
             self.replica.import_state(snap.state)
             self.applied_seq = snap.seq
         while True:
-            rows = await self._backend.read(self.tenant, self.run, self.applied_seq, READ_CHUNK)
+            rows = await self._backend.read(self.tenant, self._jrun, self.applied_seq, READ_CHUNK)
             if not rows:
                 break
-            self.replica.apply_rows(rows, self.run)
+            self.replica.apply_rows(rows, self._jrun)
             self.applied_seq = rows[-1].seq
 
     # -- collections ----------------------------------------------------------------------------
@@ -380,7 +401,7 @@ class Record:
             self._check_open()
         # Policies and budgets are checked before the document is touched (no rollback).
         usage = self._enforce(ops, conditional=False) if self._specs else None
-        meta = Meta(self.agent, self.source, _time(), None)
+        meta = Meta(self.agent, self.source, _time(), None, self._origin)
         try:
             update = self.replica.local(ops, apply, meta)
         except BaseException:
@@ -508,7 +529,7 @@ class Record:
         scope = "*" if isinstance(version, int) else version.scope
         out: _List[Change] = []
         while True:
-            rows = await self._backend.read(self.tenant, self.run, seq, READ_CHUNK)
+            rows = await self._backend.read(self.tenant, self._jrun, seq, READ_CHUNK)
             if not rows:
                 return out
             for row in rows:
@@ -558,7 +579,7 @@ class Record:
         journaled = False
         async with self._commit_lock:
             try:
-                async with self._backend.authority(self.tenant, self.run, durable=True) as auth:
+                async with self._backend.authority(self.tenant, self._jrun, durable=True) as auth:
                     # our own earlier writes go first: the journal order stays causal
                     batch = list(self._pending)
                     seqs = await auth.append(self._entries(batch)) if batch else []
@@ -576,7 +597,7 @@ class Record:
                             scope = None if based_on.scope == "*" else based_on.scope
                             raise StaleVersion(scope or "*", None, based_on.seq, now_seq)
                     usage = self._enforce(ops, conditional=True) if self._specs else None
-                    meta = Meta(self.agent, self.source, _time(), None)
+                    meta = Meta(self.agent, self.source, _time(), None, self._origin)
                     try:
                         update = self.replica.local(ops, apply, meta)
                     except BaseException:
@@ -679,7 +700,7 @@ class Record:
         self.replica.journaled(ops, meta, seq)
         self._committed += 1
         self._fire_commit()
-        self._store._notifier.notify(self.tenant, self.run)
+        self._store._notifier.notify(self.tenant, self._jrun)
 
     def _version_with(
         self,
@@ -763,10 +784,18 @@ class Record:
                 try:
                     seqs = await self._backend.append(
                         self.tenant,
-                        self.run,
+                        self._jrun,
                         self._entries(batch),
                         durable=self.durability == "durable",
                     )
+                except RunClosed as exc:
+                    # final: the entries stay in the document, never in the journal
+                    log.error(
+                        "run %s/%s is %s: writes are refused", self.tenant, self.run, exc.state
+                    )
+                    self._failure = exc
+                    self._fire_commit()
+                    await anyio.sleep_forever()
                 except CrdtStoreError as exc:
                     # Keep the entries queued and retry: a locked or full disk may recover.
                     # Writers waiting for durability learn of the failure now.
@@ -786,7 +815,7 @@ class Record:
 
     def _entries(self, batch: _List[tuple[bytes, _List[Op], Meta]]) -> _List[NewEntry]:
         entry = self.replica.entry
-        return [entry(m.agent, m.source, u, ops, m.wall_time) for u, ops, m in batch]
+        return [entry(m.agent, m.source, u, ops, m.wall_time, m.run) for u, ops, m in batch]
 
     def _mark_committed(
         self, batch: _List[tuple[bytes, _List[Op], Meta]], seqs: _List[int]
@@ -798,7 +827,7 @@ class Record:
             journaled(ops, meta, seq)
         self._committed += len(batch)
         self._fire_commit()
-        self._store._notifier.notify(self.tenant, self.run)
+        self._store._notifier.notify(self.tenant, self._jrun)
 
     def _fire_commit(self) -> None:
         old, self._commit_event = self._commit_event, anyio.Event()
@@ -812,7 +841,9 @@ class Record:
         while True:
             event = self._watch.event  # take it before reading: no wake-up can fall between
             try:
-                rows = await self._backend.read(self.tenant, self.run, self.applied_seq, READ_CHUNK)
+                rows = await self._backend.read(
+                    self.tenant, self._jrun, self.applied_seq, READ_CHUNK
+                )
             except CrdtStoreError as exc:  # a busy or vanished database: try again later
                 log.warning("reading the journal of %s/%s failed: %s", self.tenant, self.run, exc)
                 rows = []
@@ -832,13 +863,13 @@ class Record:
             return
         if rows[0].seq > self.applied_seq + 1:
             # the entries we missed were compacted away; the snapshot holds them
-            snap = await self._backend.load_snapshot(self.tenant, self.run)
+            snap = await self._backend.load_snapshot(self.tenant, self._jrun)
             if snap is not None:
                 self.replica.apply_update(snap.update)
         own = self.replica.client_id
         foreign = [r for r in rows if r.client_id != own]
         if foreign:
-            self.replica.apply_rows(foreign, self.run)
+            self.replica.apply_rows(foreign, self._jrun)
             if self._usage or self._stamps:
                 for r in foreign:
                     for op in r.effect:
@@ -879,7 +910,7 @@ class Record:
             scratch = Replica(max_update=self.replica.max_update)
             scratch.apply_update(self.replica.doc.get_update())
             self._enforce(scratch.apply_external(update)[0], conditional=False)
-        meta = Meta(self.agent, self.source, now(), None)
+        meta = Meta(self.agent, self.source, now(), None, self._origin)
         self._invalidate_all()
         ops, delta = self.replica.apply_external(update, meta)
         if delta is not None:
@@ -894,7 +925,7 @@ class Record:
         """
         self._check_open()
         while True:
-            rows = await self._backend.read(self.tenant, self.run, self.applied_seq, READ_CHUNK)
+            rows = await self._backend.read(self.tenant, self._jrun, self.applied_seq, READ_CHUNK)
             if not rows:
                 return self.applied_seq
             await self._apply_remote(rows)
@@ -951,7 +982,7 @@ class Record:
         if meta is None:
             return None
         return Provenance(
-            run=self.run,
+            run=meta.run or self._jrun,
             agent=meta.agent,
             source=meta.source,
             wall_time=meta.wall_time,
@@ -963,13 +994,13 @@ class Record:
         first. Call :meth:`flush` first to include this record's batched writes."""
         self._check_open()
         check_name("collection", collection)
-        return await self._store.history(self.run, collection, key)
+        return await self._store.history(self._jrun, collection, key)
 
     async def journal(self, after: int = 0, limit: int = 1000) -> _List[JournalEntry]:
         """Journal entries of this run after position ``after``."""
         self._check_open()
-        rows = await self._backend.read(self.tenant, self.run, after, limit)
-        return [JournalEntry.from_row(self.run, r) for r in rows]
+        rows = await self._backend.read(self.tenant, self._jrun, after, limit)
+        return [JournalEntry.from_row(self._jrun, r) for r in rows]
 
     def __repr__(self) -> str:
         return (
@@ -1094,7 +1125,7 @@ class _Transaction:
         rec._txn_task = me
         rec._txn_idle = anyio.Event()
         rec._txn_ops = []
-        rec._txn_meta = Meta(rec.agent, rec.source, now(), None)
+        rec._txn_meta = Meta(rec.agent, rec.source, now(), None, rec._origin)
         rec.replica.begin()
         return rec
 

@@ -45,9 +45,10 @@ class Meta(NamedTuple):
     source: str
     wall_time: float
     seq: int | None
+    run: str = ""  # the nested run that wrote it; "" for the journal's own run
 
     def as_list(self) -> list[Any]:
-        return [self.seq, self.agent, self.source, self.wall_time]
+        return [self.seq, self.agent, self.source, self.wall_time, self.run]
 
 
 def tree_merge(updates: Sequence[bytes], fan_in: int = 64) -> bytes:
@@ -295,8 +296,10 @@ class Replica:
             self.registry[name] = kind
         self._kinds[name] = kind
 
-    def entry(self, agent: str, source: str, update: bytes, ops: list[Op], wall: float) -> NewEntry:
-        return NewEntry(agent, source, self.client_id, wall, update, ops, checksum(update))
+    def entry(
+        self, agent: str, source: str, update: bytes, ops: list[Op], wall: float, origin: str = ""
+    ) -> NewEntry:
+        return NewEntry(agent, source, self.client_id, wall, update, ops, checksum(update), origin)
 
     # -- applying entries from elsewhere -------------------------------------------------------
 
@@ -416,7 +419,7 @@ class Replica:
                 if checksum(row.update) != row.checksum:
                     self._skip(JournalCorrupt(run, row.seq, "checksum mismatch"))
                     continue
-                current[0] = Meta(row.agent, row.source, row.wall_time, row.seq)
+                current[0] = Meta(row.agent, row.source, row.wall_time, row.seq, row.origin)
                 if row.seq > self.head:
                     self.head = row.seq
                 for op in row.effect:
@@ -469,11 +472,11 @@ class Replica:
         cache: dict[tuple[Any, ...], Meta] = {}
         for name, keys in state.get("index", {}).items():
             target = self.index.setdefault(name, {})
-            for key, (seq, agent, source, wall) in keys.items():
-                k = (seq, agent, source, wall)
+            for key, (seq, agent, source, wall, *rest) in keys.items():
+                k = (seq, agent, source, wall, *rest)
                 meta = cache.get(k)
                 if meta is None:
-                    meta = cache[k] = Meta(agent, source, wall, seq)
+                    meta = cache[k] = Meta(agent, source, wall, seq, rest[0] if rest else "")
                 target[key] = meta
 
 

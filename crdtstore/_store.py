@@ -19,10 +19,19 @@ from pydantic import BaseModel, ConfigDict
 from ._backends.memory import MemoryJournal
 from ._backends.sqlite import SQLiteJournal
 from ._errors import InvalidValue, StoreClosed, UnsupportedURL
-from ._journal import Durability, JournalBackend, JournalEntry, RunInfo, SnapshotRow
+from ._journal import (
+    Durability,
+    JournalBackend,
+    JournalEntry,
+    NewEntry,
+    RunInfo,
+    RunRow,
+    SnapshotRow,
+    checksum,
+)
 from ._leases import Lease, Leases, lease_backend_for
 from ._models import HistoryEntry
-from ._names import check_name
+from ._names import check_key, check_name
 from ._notify import Notifier
 from ._record import READ_CHUNK, Record
 from ._replica import DEFAULT_MAX_UPDATE, Replica
@@ -60,6 +69,10 @@ class CompactionResult(BaseModel):
     snapshot_bytes: int
     journal_dropped: bool
     seconds: float
+
+
+def _info(row: RunRow) -> RunInfo:
+    return RunInfo(**row._asdict())
 
 
 def open_store(
@@ -231,6 +244,7 @@ class Store:
         durability: Durability | None = None,
         create: bool = True,
         schema: Mapping[str, CollectionSpec] | None = None,
+        parent: str | None = None,
     ) -> Record:
         """The record of ``run`` opened as writer ``agent`` (use with ``async with``).
 
@@ -242,22 +256,35 @@ class Store:
 
         ``schema`` declares collections (:class:`CollectionSpec`: kind, policies, budgets,
         model) for the whole run on entering; the first declaration of a name wins.
+
+        ``parent`` opens a nested run: it shares the record (and journal) of its root run,
+        and its writes are attributed to it (``Provenance.run``, ``JournalEntry.origin_run``);
+        deleting the parent deletes it.
         """
         self._check_open()
-        return Record(self, run, agent, source, durability=durability, create=create, schema=schema)
+        return Record(
+            self,
+            run,
+            agent,
+            source,
+            durability=durability,
+            create=create,
+            schema=schema,
+            parent=parent,
+        )
 
     # -- runs and journals --
 
     async def runs(self) -> list[RunInfo]:
         """Every run of this store's tenant, oldest first."""
         self._check_open()
-        return [RunInfo(**r._asdict()) for r in await self._backend.list_runs(self.tenant)]
+        return [_info(r) for r in await self._backend.list_runs(self.tenant)]
 
     async def run_info(self, run: str) -> RunInfo:
         """The run's journal head and snapshot position. Raises ``UnknownRun``."""
         self._check_open()
         row = await self._backend.ensure_run(self.tenant, check_name("run", run), create=False)
-        return RunInfo(**row._asdict())
+        return _info(row)
 
     async def journal(self, run: str, *, after: int = 0, limit: int = 1000) -> list[JournalEntry]:
         """The run's journal entries after position ``after``. Raises ``UnknownRun``."""
@@ -274,16 +301,21 @@ class Store:
         out = []
         for row in await self._backend.history(self.tenant, run, collection, key):
             prov = Provenance(
-                run=run, agent=row.agent, source=row.source, wall_time=row.wall_time, seq=row.seq
+                run=row.origin or run,
+                agent=row.agent,
+                source=row.source,
+                wall_time=row.wall_time,
+                seq=row.seq,
             )
             for op in row.effect:
                 if op[0] == "map" and op[1] == collection and op[3] == key:
-                    deleted = op[2] == "del"
+                    deleted = op[2] != "set"  # "del", or "redact" (the value is gone)
                     out.append(
                         HistoryEntry(
                             value=None if deleted else from_stored(op[4]),
                             deleted=deleted,
                             provenance=prov,
+                            redacted=op[2] == "redact",
                         )
                     )
         return out
@@ -353,12 +385,92 @@ class Store:
         )
 
     async def delete_run(self, run: str) -> bool:
-        """Delete every byte of ``run`` (journal, snapshots, keys); return whether it existed.
+        """Delete every byte of ``run`` and of the runs nested in it (journal, snapshots,
+        keys, config); return whether it existed.
 
-        Records of the run open in this process are closed first.
+        Records of those runs open in this process are closed first. On SQLite the freed
+        pages are zeroed (``secure_delete``) and the WAL is checkpointed, so the values do not
+        linger in the file.
         """
         self._check_open()
         check_name("run", run)
-        for rec in [r for r in self._records if r.run == run]:
+        for rec in [r for r in self._records if run in (r.run, r._jrun)]:
             await rec.aclose()
         return await self._backend.delete_run(self.tenant, run)
+
+    async def close_run(self, run: str) -> RunInfo:
+        """Close a run: its record stays readable, every further write is refused with
+        :class:`RunClosed` (open records learn it at their next journal append)."""
+        await self.run_info(run)
+        return _info(await self._backend.set_run(self.tenant, run, state="closed"))
+
+    async def archive_run(self, run: str) -> RunInfo:
+        """Close a run and compact its journal into a snapshot (the journal is kept)."""
+        await self.close_run(run)
+        await self.compact(run)
+        return _info(await self._backend.set_run(self.tenant, run, state="archived"))
+
+    async def set_retention(self, run: str, *, delete_after: float | None) -> RunInfo:
+        """Delete ``run`` (and its nested runs) once ``delete_after`` seconds from now have
+        passed, at the next :meth:`sweep`; None removes the deadline."""
+        await self.run_info(run)
+        if delete_after is not None and not (delete_after >= 0):
+            raise InvalidValue(f"delete_after must be >= 0 seconds, not {delete_after!r}")
+        deadline = None if delete_after is None else time.time() + delete_after
+        return _info(await self._backend.set_run(self.tenant, run, delete_after=deadline))
+
+    async def sweep(self, *, now: float | None = None) -> list[str]:
+        """Delete every run of this tenant whose retention deadline has passed; return
+        their names."""
+        self._check_open()
+        now = time.time() if now is None else now
+        due = [
+            r.run
+            for r in await self._backend.list_runs(self.tenant)
+            if r.delete_after is not None and r.delete_after <= now
+        ]
+        return [run for run in due if await self.delete_run(run)]
+
+    async def redact(
+        self, run: str, collection: str, key: str, *, agent: str = "crdtstore", reason: str = ""
+    ) -> CompactionResult:
+        """Remove a value from the live record, from snapshots and from the journal, and
+        record the redaction (who, when, why) in the journal.
+
+        The key is deleted through the record, then the journal is compacted into a snapshot
+        that no longer holds the value and the journal prefix that did is dropped (that part
+        of the audit trail goes with it), then a ``redact`` entry is appended. Records of the
+        run open in other processes keep what they hold in memory until they reopen.
+        """
+        info = await self.run_info(run)
+        root = info.run
+        while info.parent is not None:
+            info = await self.run_info(info.parent)
+            root = info.run
+        check_name("collection", collection)
+        check_key(key)
+        async with self.open_record(
+            root, agent, "system", durability="durable", create=False
+        ) as rec:
+            await rec.map(collection).delete(key)
+        result = await self.compact(root, drop_journal=True)
+        marker = b"\x00\x00"  # an empty update: the entry only carries its effect
+        await self._backend.append(
+            self.tenant,
+            root,
+            [
+                NewEntry(
+                    agent,
+                    "system",
+                    0,
+                    time.time(),
+                    marker,
+                    [["map", collection, "redact", key, reason]],
+                    checksum(marker),
+                    "" if run == root else run,
+                )
+            ],
+            durable=True,
+        )
+        self._notifier.notify(self.tenant, root)
+        return result

@@ -12,11 +12,11 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import anyio
 
-from .._errors import UnknownRun
+from .._errors import InvalidValue, RunClosed, UnknownRun
 from .._journal import Authority, JournalBackend, NewEntry, Row, RunRow, SnapshotRow
 
 
@@ -28,6 +28,9 @@ class _Run:
     snapshot: SnapshotRow | None = None
     config: dict[str, Any] = field(default_factory=dict)
     lock: anyio.Lock | None = None
+    parent: str | None = None
+    state: str = "open"
+    delete_after: float | None = None
 
 
 class _MemoryAuthority(Authority):
@@ -68,16 +71,46 @@ class MemoryJournal(JournalBackend):
     async def aclose(self) -> None:
         return None
 
-    async def ensure_run(self, tenant: str, run: str, *, create: bool) -> RunRow:
+    async def ensure_run(
+        self, tenant: str, run: str, *, create: bool, parent: str | None = None
+    ) -> RunRow:
         r = self._data.runs.get((tenant, run))
         if r is None:
             if not create:
                 raise UnknownRun(tenant, run)
-            r = self._data.runs[(tenant, run)] = _Run(created=time.time())
+            if parent is not None and (tenant, parent) not in self._data.runs:
+                raise UnknownRun(tenant, parent)
+            r = self._data.runs[(tenant, run)] = _Run(created=time.time(), parent=parent)
+        elif parent is not None and r.parent != parent:
+            raise InvalidValue(f"run {run!r} exists with parent {r.parent!r}, not {parent!r}")
+        return self._info(tenant, run, r)
+
+    async def set_run(
+        self,
+        tenant: str,
+        run: str,
+        *,
+        state: str | None = None,
+        delete_after: float | Literal["keep"] | None = "keep",
+    ) -> RunRow:
+        r = self._run(tenant, run)
+        if state is not None:
+            r.state = state
+        if delete_after != "keep":
+            r.delete_after = delete_after
         return self._info(tenant, run, r)
 
     def _info(self, tenant: str, run: str, r: _Run) -> RunRow:
-        return RunRow(tenant, run, r.created, r.head, r.snapshot.seq if r.snapshot else 0)
+        return RunRow(
+            tenant,
+            run,
+            r.created,
+            r.head,
+            r.snapshot.seq if r.snapshot else 0,
+            r.parent,
+            r.state,
+            r.delete_after,
+        )
 
     async def get_run(self, tenant: str, run: str) -> RunRow | None:
         r = self._data.runs.get((tenant, run))
@@ -104,6 +137,8 @@ class MemoryJournal(JournalBackend):
 
     def _append(self, tenant: str, run: str, entries: Sequence[NewEntry]) -> list[int]:
         r = self._run(tenant, run)
+        if r.state != "open":
+            raise RunClosed(tenant, run, r.state)
         seqs = []
         for e in entries:
             r.head += 1
@@ -168,4 +203,16 @@ class MemoryJournal(JournalBackend):
                 raise
 
     async def delete_run(self, tenant: str, run: str) -> bool:
-        return self._data.runs.pop((tenant, run), None) is not None
+        if (tenant, run) not in self._data.runs:
+            return False
+        doomed = {run}
+        grew = True
+        while grew:  # the run and every run nested in it, however deep
+            children = {
+                n for (t, n), r in self._data.runs.items() if t == tenant and r.parent in doomed
+            }
+            grew = not children <= doomed
+            doomed |= children
+        for name in doomed:
+            self._data.runs.pop((tenant, name), None)
+        return True

@@ -25,12 +25,12 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import anyio
 import anyio.to_thread
 
-from .._errors import BackendError, UnknownRun, UnsupportedURL
+from .._errors import BackendError, InvalidValue, RunClosed, UnknownRun, UnsupportedURL
 from .._journal import Authority, JournalBackend, NewEntry, Row, RunRow, SnapshotRow
 
 T = TypeVar("T")
@@ -44,6 +44,9 @@ CREATE TABLE IF NOT EXISTS runs (
     head INTEGER NOT NULL DEFAULT 0,
     snapshot_seq INTEGER NOT NULL DEFAULT 0,
     config TEXT NOT NULL DEFAULT '{}',
+    parent TEXT,
+    state TEXT NOT NULL DEFAULT 'open',
+    delete_after REAL,
     UNIQUE (tenant, run)
 );
 CREATE TABLE IF NOT EXISTS journal (
@@ -56,7 +59,8 @@ CREATE TABLE IF NOT EXISTS journal (
     wall_time REAL NOT NULL,
     upd BLOB NOT NULL,
     effect TEXT NOT NULL,
-    crc INTEGER NOT NULL
+    crc INTEGER NOT NULL,
+    origin TEXT NOT NULL DEFAULT ''
 );
 CREATE UNIQUE INDEX IF NOT EXISTS journal_run_seq ON journal (run_id, seq);
 CREATE TABLE IF NOT EXISTS journal_keys (
@@ -74,6 +78,23 @@ CREATE TABLE IF NOT EXISTS snapshots (
     created REAL NOT NULL
 );
 """
+
+# Columns added after the first release of the schema: (table, column, declaration).
+_MIGRATIONS = [
+    ("runs", "config", "TEXT NOT NULL DEFAULT '{}'"),
+    ("runs", "parent", "TEXT"),
+    ("runs", "state", "TEXT NOT NULL DEFAULT 'open'"),
+    ("runs", "delete_after", "REAL"),
+    ("journal", "origin", "TEXT NOT NULL DEFAULT ''"),
+]
+
+
+def _migrate(db: sqlite3.Connection) -> None:
+    for table, column, decl in _MIGRATIONS:
+        have = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+        if column not in have:
+            db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+
 
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
@@ -233,6 +254,7 @@ class SQLiteJournal(JournalBackend):
             def connect() -> tuple[_Conn, _Conn]:
                 w = _Conn(self.path)
                 w.db.executescript(_SCHEMA)
+                _migrate(w.db)
                 return w, _Conn(self.path)
 
             self._w, self._r = await anyio.to_thread.run_sync(connect)
@@ -248,45 +270,71 @@ class SQLiteJournal(JournalBackend):
 
     # -- runs -----------------------------------------------------------------------------------
 
+    _RUN_COLS = "tenant, run, created, head, snapshot_seq, parent, state, delete_after, id"
+
     @staticmethod
     def _run_row(row: Any) -> RunRow:
-        return RunRow(row[0], row[1], row[2], row[3], row[4])
+        return RunRow(*row[:8])
 
-    async def ensure_run(self, tenant: str, run: str, *, create: bool) -> RunRow:
+    async def ensure_run(
+        self, tenant: str, run: str, *, create: bool, parent: str | None = None
+    ) -> RunRow:
         got = await self.get_run(tenant, run)
         if got is not None:
+            if parent is not None and got.parent != parent:
+                raise InvalidValue(f"run {run!r} exists with parent {got.parent!r}, not {parent!r}")
             return got
         if not create:
             raise UnknownRun(tenant, run)
+        if parent is not None and await self.get_run(tenant, parent) is None:
+            raise UnknownRun(tenant, parent)
         now = time.time()
         await self._write(
             lambda db: db.execute(
-                "INSERT OR IGNORE INTO runs (tenant, run, created) VALUES (?, ?, ?)",
-                (tenant, run, now),
+                "INSERT OR IGNORE INTO runs (tenant, run, created, parent) VALUES (?, ?, ?, ?)",
+                (tenant, run, now, parent),
             )
         )
+        return await self.ensure_run(tenant, run, create=False, parent=parent)
+
+    async def set_run(
+        self,
+        tenant: str,
+        run: str,
+        *,
+        state: str | None = None,
+        delete_after: float | Literal["keep"] | None = "keep",
+    ) -> RunRow:
+        rid = await self._run_id(tenant, run)
+
+        def tx(db: sqlite3.Connection) -> None:
+            if state is not None:
+                db.execute("UPDATE runs SET state = ? WHERE id = ?", (state, rid))
+            if delete_after != "keep":
+                db.execute("UPDATE runs SET delete_after = ? WHERE id = ?", (delete_after, rid))
+
+        await self._write(tx, durable=True)
         got = await self.get_run(tenant, run)
-        assert got is not None
+        if got is None:
+            raise UnknownRun(tenant, run)
         return got
 
     async def get_run(self, tenant: str, run: str) -> RunRow | None:
         row = await self._read(
             lambda db: db.execute(
-                "SELECT tenant, run, created, head, snapshot_seq, id FROM runs"
-                " WHERE tenant = ? AND run = ?",
+                f"SELECT {self._RUN_COLS} FROM runs WHERE tenant = ? AND run = ?",
                 (tenant, run),
             ).fetchone()
         )
         if row is None:
             return None
-        self._run_ids[(tenant, run)] = row[5]
+        self._run_ids[(tenant, run)] = row[8]
         return self._run_row(row)
 
     async def list_runs(self, tenant: str) -> list[RunRow]:
         rows = await self._read(
             lambda db: db.execute(
-                "SELECT tenant, run, created, head, snapshot_seq FROM runs WHERE tenant = ?"
-                " ORDER BY created, id",
+                f"SELECT {self._RUN_COLS} FROM runs WHERE tenant = ? ORDER BY created, id",
                 (tenant,),
             ).fetchall()
         )
@@ -318,9 +366,9 @@ class SQLiteJournal(JournalBackend):
     @staticmethod
     def _rows(raw: list[Any]) -> list[Row]:
         loads = json.loads
-        return [Row(r[0], r[1], r[2], r[3], r[4], r[5], loads(r[6]), r[7]) for r in raw]
+        return [Row(r[0], r[1], r[2], r[3], r[4], r[5], loads(r[6]), r[7], r[8]) for r in raw]
 
-    _COLS = "seq, agent, source, client_id, wall_time, upd, effect, crc"
+    _COLS = "seq, agent, source, client_id, wall_time, upd, effect, crc, origin"
 
     async def read(self, tenant: str, run: str, after: int, limit: int = 10_000) -> list[Row]:
         rid = await self._run_id(tenant, run)
@@ -393,20 +441,42 @@ class SQLiteJournal(JournalBackend):
         row = await self.get_run(tenant, run)
         if row is None:
             return False
-        rid = self._run_ids.pop((tenant, run))
 
         def tx(db: sqlite3.Connection) -> None:
-            for table in ("journal", "journal_keys", "snapshots"):
-                db.execute(f"DELETE FROM {table} WHERE run_id = ?", (rid,))
-            db.execute("DELETE FROM runs WHERE id = ?", (rid,))
+            # the run and every run nested in it, however deep
+            ids = [
+                r[0]
+                for r in db.execute(
+                    "WITH RECURSIVE tree(id, run) AS ("
+                    " SELECT id, run FROM runs WHERE tenant = ? AND run = ?"
+                    " UNION SELECT runs.id, runs.run FROM runs JOIN tree"
+                    " ON runs.tenant = ? AND runs.parent = tree.run)"
+                    " SELECT id FROM tree",
+                    (tenant, run, tenant),
+                )
+            ]
+            for rid in ids:
+                for table in ("journal", "journal_keys", "snapshots"):
+                    db.execute(f"DELETE FROM {table} WHERE run_id = ?", (rid,))
+                db.execute("DELETE FROM runs WHERE id = ?", (rid,))
+            self._run_ids.clear()
 
         await self._write(tx, durable=True)
         # Deleted pages were zeroed (secure_delete); the WAL may still hold the old pages
         # until a checkpoint copies the zeroed ones over them and truncates the log.
+        await self.checkpoint()
+        return True
+
+    async def checkpoint(self) -> None:
+        """Copy the WAL into the database file and truncate it."""
         await self._call(
             self._w, lambda db: db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
         )
-        return True
+
+    async def vacuum(self) -> None:
+        """Rebuild the database file without free pages (after deleting runs)."""
+        await self._call(self._w, lambda db: db.execute("VACUUM"))
+        await self.checkpoint()
 
     async def integrity_check(self) -> str:
         """``PRAGMA integrity_check`` of the store file ("ok" when healthy)."""
@@ -429,14 +499,17 @@ def _append_tx(
 ) -> list[int]:
     n = len(entries)
     row = db.execute(
-        "UPDATE runs SET head = head + ? WHERE id = ? RETURNING head", (n, rid)
+        "UPDATE runs SET head = head + ? WHERE id = ? AND state = 'open' RETURNING head", (n, rid)
     ).fetchone()
     if row is None:
-        raise UnknownRun(tenant, run)
+        state = db.execute("SELECT state FROM runs WHERE id = ?", (rid,)).fetchone()
+        if state is None:
+            raise UnknownRun(tenant, run)
+        raise RunClosed(tenant, run, state[0])
     first = row[0] - n + 1
     db.executemany(
         "INSERT INTO journal (run_id, seq, agent, source, client_id, wall_time, upd,"
-        " effect, crc) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        " effect, crc, origin) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         [
             (
                 rid,
@@ -448,6 +521,7 @@ def _append_tx(
                 e.update,
                 effects[i],
                 e.checksum,
+                e.origin,
             )
             for i, e in enumerate(entries)
         ],
