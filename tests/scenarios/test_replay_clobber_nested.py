@@ -20,8 +20,14 @@ pytestmark = pytest.mark.anyio
 async def test_parallel_parent_and_nested_runs_resume_without_loss(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/store.db"
     async with crdtstore.open_store(url) as store:
-        async with store.open_record(run="wf", agent="root") as root:
-            await root.flush()
+        # the workflow creates its nested runs before they start in parallel
+        async with store.open_record(run="wf", agent="root"):
+            pass
+        async with store.open_record(run="wf-nested1", agent="root", parent="wf"):
+            pass
+        async with store.open_record(run="wf-nested2", agent="root", parent="wf-nested1"):
+            pass
+        with anyio.fail_after(60):
 
             async def agent(run: str, parent: str | None, name: str) -> None:
                 async with store.open_record(run=run, agent=name, parent=parent) as rec:
