@@ -16,7 +16,7 @@ from ._errors import InvalidValue
 from ._journal import Op
 from ._models import Conflict, Sibling, Version
 from ._names import check_key
-from ._replica import text_diff
+from ._replica import apply_text_edits, text_diff
 from ._semantics import validate_value
 from ._values import from_stored, to_stored
 
@@ -490,7 +490,7 @@ class TextCollection(_Collection):
         return str(self._root)
 
     def __len__(self) -> int:
-        return len(self._root)
+        return len(str(self._root))
 
     async def edit(self, new_text: str) -> None:
         """Make the text equal ``new_text`` by the minimal character edits.
@@ -506,13 +506,10 @@ class TextCollection(_Collection):
         if not edits:
             return
         root = self._root
+        old = str(root)
 
         def apply() -> None:
-            for kind, at, arg in edits:
-                if kind == "del":
-                    del root[at : at + arg]
-                else:
-                    root.insert(at, arg)
+            apply_text_edits(root, old, edits)
 
         await self._rec._write([["text", self.name, k, at, arg] for k, at, arg in edits], apply)
 
@@ -520,25 +517,28 @@ class TextCollection(_Collection):
         """Insert ``text`` at character ``index``. Raises ``IndexError``, ``InvalidValue``."""
         if not isinstance(text, str) or "\x00" in text:
             raise InvalidValue("text must be a str without NUL")
-        n = len(self._root)
+        current = str(self._root)
+        n = len(current)
         if type(index) is not int or not 0 <= index <= n:
             raise IndexError(f"text index {index!r} out of range for length {n}")
         if not text:
             return
         root = self._root
+        start = _utf8_len(current[:index])
 
         def apply() -> None:
-            root.insert(index, text)
+            root.insert(start, text)
 
         await self._rec._write([["text", self.name, "ins", index, text]], apply)
 
     async def append(self, text: str) -> None:
         """Append ``text`` at the end."""
-        await self.insert(len(self._root), text)
+        await self.insert(len(str(self._root)), text)
 
     async def delete(self, index: int, count: int) -> None:
         """Delete ``count`` characters from ``index``. Raises ``IndexError``."""
-        n = len(self._root)
+        current = str(self._root)
+        n = len(current)
         if (
             type(index) is not int
             or type(count) is not int
@@ -548,8 +548,14 @@ class TextCollection(_Collection):
         ):
             raise IndexError(f"cannot delete {count!r} characters at {index!r} of {n}")
         root = self._root
+        start = _utf8_len(current[:index])
+        size = _utf8_len(current[index : index + count])
 
         def apply() -> None:
-            del root[index : index + count]
+            del root[start : start + size]
 
         await self._rec._write([["text", self.name, "del", index, count]], apply)
+
+
+def _utf8_len(text: str) -> int:
+    return len(text.encode())

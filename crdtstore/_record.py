@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 from anyio.abc import TaskStatus
+from pycrdt import merge_updates
 from pydantic import BaseModel
 
 from ._collections import KeepAllMap, ListCollection, MapCollection, TextCollection
@@ -41,7 +42,7 @@ from ._errors import (
 from ._journal import SOURCES, Authority, Durability, JournalEntry, NewEntry, Op
 from ._models import Change, HistoryEntry, Provenance, Version
 from ._names import check_name
-from ._replica import Meta, Replica, now
+from ._replica import _EMPTY_UPDATES, Meta, Replica, now
 from ._semantics import (
     BYTES_PER_TOKEN,
     Budget,
@@ -430,7 +431,8 @@ class Record:
 
     def length(self, collection: str, kind: str) -> int:
         """StateView: entries of a list, characters of a text."""
-        return len(self.replica.root(collection, kind))
+        root = self.replica.root(collection, kind)
+        return len(str(root)) if kind == "text" else len(root)
 
     def _enforce(
         self, ops: _List[Op], *, conditional: bool
@@ -913,8 +915,11 @@ class Record:
         meta = Meta(self.agent, self.source, now(), None, self._origin)
         self._invalidate_all()
         ops, delta = self.replica.apply_external(update, meta)
-        if delta is not None:
-            self._enqueue(delta, ops, meta)
+        # Journal what was given, not only the delta the document reports: pycrdt integrates
+        # an update with a clock gap at once but leaves it out of the transaction's update,
+        # and every replica must see what this one shows.
+        if delta is not None or update not in _EMPTY_UPDATES:
+            self._enqueue(update if delta is None else merge_updates(update, delta), ops, meta)
         await self._after_write()
 
     async def sync(self) -> int:

@@ -140,6 +140,46 @@ def text_diff(old: str, new: str) -> list[tuple[str, int, Any]]:
     return [op for group in reversed(groups) for op in group]
 
 
+def apply_text_edits(text: Any, old: str, edits: list[tuple[str, int, Any]]) -> None:
+    """Apply :func:`text_diff` edits (character positions into ``old``, last first) to a
+    pycrdt ``Text`` holding ``old``. pycrdt's Text counts UTF-8 bytes: since the edits come
+    last first, the text before each edit point is still the old one, and its UTF-8 length
+    is the byte offset."""
+    for kind, at, arg in edits:
+        start = len(old[:at].encode())
+        if kind == "del":
+            del text[start : start + len(old[at : at + arg].encode())]
+        else:
+            text.insert(start, arg)
+
+
+def _varuint(data: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(data) or shift > 63:
+            raise InvalidUpdate("truncated variable-length integer")
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+def _check_counts(update: bytes) -> None:
+    """Refuse an update whose leading counts cannot fit in its bytes, before pycrdt's
+    decoder pre-allocates for them (4 bytes claiming 2**28 clients made it allocate about
+    500 MiB). A v1 update starts with the number of clients, then per client the number of
+    structs: each client and each struct takes at least one byte."""
+    clients, pos = _varuint(update, 0)
+    if clients > len(update) - pos:
+        raise InvalidUpdate(f"claims {clients} clients in {len(update)} bytes")
+    if clients:
+        structs, pos = _varuint(update, pos)
+        if structs > len(update) - pos:
+            raise InvalidUpdate(f"claims {structs} structs in {len(update)} bytes")
+
+
 class Replica:
     """A Doc with its collection registry, update capture and provenance index."""
 
@@ -150,7 +190,7 @@ class Replica:
         self.client_id: int = self.doc.client_id
         self.max_update = max_update
         self.registry: Map[Any] = self.doc.get(REGISTRY, type=Map)
-        self._roots: dict[str, Any] = {}
+        self._roots: dict[tuple[str, str], Any] = {}
         self._kinds: dict[str, str] = {}
         self.index: dict[str, dict[str, Meta]] = {}
         self.seq = 0  # journal position reached, when driven by a replay
@@ -166,11 +206,13 @@ class Replica:
     # -- collections --------------------------------------------------------------------------
 
     def kind_of(self, name: str) -> str | None:
+        """The kind the registry gives ``name`` (None when unregistered or not a kind)."""
         kind = self._kinds.get(name)
         if kind is None:
             kind = self.registry.get(name)
-            if kind is not None:
-                self._kinds[name] = kind
+            if kind not in KINDS:
+                return None
+            self._kinds[name] = kind
         return kind
 
     def root(self, name: str, kind: str) -> Any:
@@ -182,14 +224,15 @@ class Replica:
         existing = self.kind_of(name)
         if existing is not None and existing != kind:
             raise CollectionKindMismatch(name, existing, kind)
-        got = self._roots.get(name)
+        got = self._roots.get((name, kind))
         if got is None:
-            got = self._roots[name] = self.doc.get(name, type=KINDS[kind])
+            got = self._roots[(name, kind)] = self.doc.get(name, type=KINDS[kind])
         return got
 
     def collections(self) -> dict[str, str]:
-        """Registered collections: name -> kind, sorted by name."""
-        return dict(sorted((str(k), str(v)) for k, v in self.registry.items()))
+        """Registered collections: name -> kind, sorted by name (entries that are not a known
+        kind, which only a foreign or corrupted update can write, are left out)."""
+        return dict(sorted((str(k), str(v)) for k, v in self.registry.items() if v in KINDS))
 
     def read(self, name: str, kind: str) -> Any:
         root = self.root(name, kind)
@@ -223,7 +266,7 @@ class Replica:
         the registry never names a collection whose first write is missing, or vice versa.
         """
         for op in ops:
-            if op[1] not in self._kinds:
+            if self._kinds.get(op[1]) != op[0]:
                 self._register(op[1], op[0])
         apply()
         for op in ops:
@@ -273,7 +316,7 @@ class Replica:
         try:
             with self.doc.transaction(origin=self.client_id):
                 for op in ops:
-                    if op[1] not in kinds:
+                    if kinds.get(op[1]) != op[0]:
                         self._register(op[1], op[0])
                 apply()
         except BaseException:
@@ -292,7 +335,10 @@ class Replica:
         return update
 
     def _register(self, name: str, kind: str) -> None:
-        if self.registry.get(name) is None:
+        current = self.registry.get(name)
+        if current in KINDS and current != kind:
+            raise CollectionKindMismatch(name, current, kind)
+        if current != kind:
             self.registry[name] = kind
         self._kinds[name] = kind
 
@@ -314,6 +360,7 @@ class Replica:
             raise InvalidUpdate(f"expected bytes, got {type(update).__name__}")
         if len(update) > self.max_update:
             raise PayloadTooLarge("update", len(update), self.max_update)
+        _check_counts(update)
         try:
             # decoding the state vector parses the whole structure without touching the doc
             from pycrdt import get_state
@@ -331,6 +378,10 @@ class Replica:
             PayloadTooLarge, InvalidUpdate: see :meth:`check_update`; the doc is unchanged.
         """
         self.check_update(update)
+        # an update from elsewhere may register a name concurrently as another kind (the
+        # registry's last writer wins): forget what was cached, the registry is the truth.
+        # (Observing the registry instead would change how pycrdt encodes the document.)
+        self._kinds.clear()
         try:
             self.doc.apply_update(update)
         except BaseException as exc:
