@@ -1,0 +1,69 @@
+"""sync: the Yjs sync protocol (y-protocols) for crdtstore records.
+
+This package holds the pure protocol layer: lib0 encodings, the y-protocols messages plus
+crdtstore's extension message (type 100, JSON requests and responses), and the server and
+client session state machines (bytes in, messages and bytes out, no I/O). ``crdtstore``
+never imports ``sync``.
+"""
+
+from ._document import Document as Document
+from ._document import PycrdtDocument as PycrdtDocument
+from ._document import ReplicaDocument as ReplicaDocument
+from ._errors import CloseCode as CloseCode
+from ._errors import MessageTooLarge as MessageTooLarge
+from ._errors import ProtocolError as ProtocolError
+from ._messages import DEFAULT_MAX_MESSAGE_SIZE as DEFAULT_MAX_MESSAGE_SIZE
+from ._messages import EXTENSION_MESSAGE_TYPE as EXTENSION_MESSAGE_TYPE
+from ._messages import Awareness as Awareness
+from ._messages import AwarenessEntry as AwarenessEntry
+from ._messages import ErrorInfo as ErrorInfo
+from ._messages import Message as Message
+from ._messages import MessageType as MessageType
+from ._messages import PermissionDenied as PermissionDenied
+from ._messages import QueryAwareness as QueryAwareness
+from ._messages import Request as Request
+from ._messages import Response as Response
+from ._messages import SyncStep1 as SyncStep1
+from ._messages import SyncStep2 as SyncStep2
+from ._messages import SyncType as SyncType
+from ._messages import Update as Update
+from ._messages import decode as decode
+from ._messages import decode_awareness_update as decode_awareness_update
+from ._messages import decode_state_vector as decode_state_vector
+from ._messages import encode as encode
+from ._messages import encode_awareness_update as encode_awareness_update
+from ._session import ClientSession as ClientSession
+from ._session import Received as Received
+from ._session import ServerSession as ServerSession
+
+__all__ = [
+    "DEFAULT_MAX_MESSAGE_SIZE",
+    "EXTENSION_MESSAGE_TYPE",
+    "Awareness",
+    "AwarenessEntry",
+    "ClientSession",
+    "CloseCode",
+    "Document",
+    "ErrorInfo",
+    "Message",
+    "MessageTooLarge",
+    "MessageType",
+    "PermissionDenied",
+    "ProtocolError",
+    "PycrdtDocument",
+    "QueryAwareness",
+    "ReplicaDocument",
+    "Request",
+    "Received",
+    "Response",
+    "ServerSession",
+    "SyncStep1",
+    "SyncStep2",
+    "SyncType",
+    "Update",
+    "decode",
+    "decode_awareness_update",
+    "decode_state_vector",
+    "encode",
+    "encode_awareness_update",
+]

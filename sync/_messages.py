@@ -1,0 +1,455 @@
+"""The y-protocols messages, one per binary WebSocket frame, and crdtstore's extension. No I/O.
+
+Wire format (``•`` concatenates; see ``_encoding`` for the primitives)::
+
+    syncStep1(sv)          = varUint(0) • varUint(0) • varUint8Array(state vector)
+    syncStep2(update)      = varUint(0) • varUint(1) • varUint8Array(update)
+    update(update)         = varUint(0) • varUint(2) • varUint8Array(update)
+    awareness(payload)     = varUint(1) • varUint8Array(awareness update)
+    permissionDenied(why)  = varUint(2) • varUint(0) • varString(why)
+    queryAwareness         = varUint(3)
+    request(json)          = varUint(100) • varUint(0) • varString(JSON of Request)
+    response(json)         = varUint(100) • varUint(1) • varString(JSON of Response)
+
+An awareness update is ``varUint(n) • n * (varUint(client) • varUint(clock) •
+varString(JSON state))``; a removed client's state is ``null``.
+
+Type 100 is crdtstore's extension: requests the CRDT cannot answer (guarded writes, leases,
+claims, run metadata, "has the hub journaled everything I sent"), each answered by exactly
+one response with the same ``id``, carrying a result or an error with crdtstore's stable error
+codes. y-websocket has handlers for types 0-3 only; it would log "Unable to compute message"
+for a type 100 frame, so the hub sends type 100 only in answer to a type 100 request, and a
+Yjs client that never asks never sees one. The hub processes a connection's frames in order,
+so a response also acknowledges every update that the client sent before the request.
+
+Decoding is strict: one message per frame, no trailing bytes, known types only, JSON payloads
+validated by the pydantic models below. Every failure is a :class:`~sync.ProtocolError`.
+``decode(encode(m)) == m`` for every message ``m``.
+
+The binary messages are frozen dataclasses rather than pydantic models: they sit on the hot
+path of every update and hold only bytes or a string, which ``encode`` checks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Annotated, Any, Final
+
+import pydantic_core
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    model_validator,
+)
+
+from crdtstore import CrdtStoreError
+
+from ._encoding import MAX_SAFE_INTEGER, Decoder, Encoder
+from ._errors import MessageTooLarge, ProtocolError
+
+__all__ = [
+    "DEFAULT_MAX_MESSAGE_SIZE",
+    "EXTENSION_MESSAGE_TYPE",
+    "Awareness",
+    "AwarenessEntry",
+    "ErrorInfo",
+    "ExtensionType",
+    "Message",
+    "MessageType",
+    "PermissionDenied",
+    "QueryAwareness",
+    "Request",
+    "Response",
+    "SyncStep1",
+    "SyncStep2",
+    "SyncType",
+    "Update",
+    "decode",
+    "decode_awareness_update",
+    "decode_state_vector",
+    "encode",
+    "encode_awareness_update",
+]
+
+DEFAULT_MAX_MESSAGE_SIZE: Final = 16 * 1024 * 1024
+EXTENSION_MESSAGE_TYPE: Final = 100
+
+
+class MessageType(IntEnum):
+    """The first varUint of a frame."""
+
+    SYNC = 0
+    AWARENESS = 1
+    AUTH = 2
+    QUERY_AWARENESS = 3
+    CRDTSTORE = EXTENSION_MESSAGE_TYPE
+
+
+class SyncType(IntEnum):
+    """The second varUint of a sync frame."""
+
+    STEP1 = 0
+    STEP2 = 1
+    UPDATE = 2
+
+
+class AuthType(IntEnum):
+    """The second varUint of an auth frame (y-protocols defines one)."""
+
+    PERMISSION_DENIED = 0
+
+
+class ExtensionType(IntEnum):
+    """The second varUint of a crdtstore extension frame."""
+
+    REQUEST = 0
+    RESPONSE = 1
+
+
+# -- binary messages ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SyncStep1:
+    """Asks for what the sender misses, given its state vector. Answered by :class:`SyncStep2`."""
+
+    state_vector: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class SyncStep2:
+    """The answer to :class:`SyncStep1`: the update the asker misses (may carry offline edits)."""
+
+    update: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    """An incremental document update (v1 encoding)."""
+
+    update: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Awareness:
+    """An awareness update (presence); ``payload`` is kept as bytes so a hub relays it as is.
+
+    See :func:`decode_awareness_update` for its entries.
+    """
+
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class PermissionDenied:
+    """y-protocols' auth message: the peer refused what was sent (e.g. a read-only write)."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class QueryAwareness:
+    """Asks "send me every awareness state you know". Answered by :class:`Awareness`."""
+
+
+@dataclass(frozen=True, slots=True)
+class AwarenessEntry:
+    """One client's entry in an awareness update; ``state`` is its raw JSON (``"null"``
+    when the client is gone)."""
+
+    client_id: int
+    clock: int
+    state: str
+
+    @property
+    def removed(self) -> bool:
+        return self.state == "null"
+
+
+# -- extension messages (JSON) --------------------------------------------------------------
+
+_MODEL_CONFIG = ConfigDict(frozen=True, strict=True, extra="forbid", allow_inf_nan=False)
+
+RequestId = (
+    Annotated[StrictInt, Field(ge=0, le=MAX_SAFE_INTEGER)]
+    | Annotated[StrictStr, Field(min_length=1, max_length=128)]
+)
+"""A request id: a safe non-negative integer or a short string, chosen by the client."""
+
+OP_PATTERN: Final = r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$"
+ERROR_CODE_PATTERN: Final = r"^[A-Z][A-Z0-9_]*$"
+
+
+class Request(BaseModel):
+    """A request to the hub: ``op`` names what to do (``"lease.acquire"``, ``"put_guarded"``,
+    ``"flush"``, ...), ``params`` its JSON arguments. The set of ops is the hub's."""
+
+    model_config = _MODEL_CONFIG
+
+    id: RequestId
+    op: Annotated[str, Field(max_length=64, pattern=OP_PATTERN)]
+    params: dict[str, JsonValue] = Field(default_factory=dict)
+
+
+class ErrorInfo(BaseModel):
+    """A failed request's error: crdtstore's stable ``code``, a message, and the error's
+    fields (``current_version``, ``holder``, ...) as extra JSON keys (see
+    ``CrdtStoreError.to_dict``)."""
+
+    model_config = ConfigDict(frozen=True, strict=True, extra="allow", allow_inf_nan=False)
+    __pydantic_extra__: dict[str, JsonValue] = Field(init=False)
+
+    code: Annotated[str, Field(max_length=64, pattern=ERROR_CODE_PATTERN)]
+    message: Annotated[str, Field(max_length=4096)]
+
+    @classmethod
+    def from_exception(cls, exc: CrdtStoreError) -> ErrorInfo:
+        """The error info of a crdtstore error (its fields that are JSON, else code and message)."""
+        data = exc.to_dict()
+        data["message"] = str(data.get("message", ""))[:4096]
+        try:
+            return cls.model_validate(data)
+        except ValidationError:
+            return cls(code=exc.code, message=str(data["message"]))
+
+    @property
+    def details(self) -> dict[str, JsonValue]:
+        """The fields besides ``code`` and ``message``."""
+        return dict(self.__pydantic_extra__ or {})
+
+
+class Response(BaseModel):
+    """The answer to the request with the same ``id``: a ``result`` or an ``error``, not both.
+
+    On the wire a success is ``{"id": .., "result": ..}`` and a failure
+    ``{"id": .., "error": {"code": .., "message": .., ...}}``.
+    """
+
+    model_config = _MODEL_CONFIG
+
+    id: RequestId
+    result: JsonValue = None
+    error: ErrorInfo | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _result_xor_error(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("error") is not None and "result" in data:
+            raise ValueError("a response carries a result or an error, not both")
+        return data
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @classmethod
+    def success(cls, request_id: int | str, result: JsonValue = None) -> Response:
+        return cls(id=request_id, result=result)
+
+    @classmethod
+    def failure(cls, request_id: int | str, exc: CrdtStoreError | ErrorInfo) -> Response:
+        info = exc if isinstance(exc, ErrorInfo) else ErrorInfo.from_exception(exc)
+        return cls(id=request_id, error=info)
+
+
+Message = (
+    SyncStep1
+    | SyncStep2
+    | Update
+    | Awareness
+    | PermissionDenied
+    | QueryAwareness
+    | Request
+    | Response
+)
+"""Every message a frame can hold."""
+
+
+# -- encoding -------------------------------------------------------------------------------
+
+
+def _dump_json(model: BaseModel) -> str:
+    if isinstance(model, Response):
+        exclude = {"result"} if model.error is not None else {"error"}
+        return model.model_dump_json(exclude=exclude)
+    return model.model_dump_json()
+
+
+def encode(message: Message) -> bytes:
+    """The frame that carries ``message``.
+
+    Raises:
+        ProtocolError: a field cannot be encoded (not bytes, a lone surrogate, ...).
+    """
+    enc = Encoder()
+    if isinstance(message, Update):
+        enc.write_var_uint(MessageType.SYNC)
+        enc.write_var_uint(SyncType.UPDATE)
+        enc.write_var_uint8array(message.update)
+    elif isinstance(message, SyncStep1):
+        enc.write_var_uint(MessageType.SYNC)
+        enc.write_var_uint(SyncType.STEP1)
+        enc.write_var_uint8array(message.state_vector)
+    elif isinstance(message, SyncStep2):
+        enc.write_var_uint(MessageType.SYNC)
+        enc.write_var_uint(SyncType.STEP2)
+        enc.write_var_uint8array(message.update)
+    elif isinstance(message, Awareness):
+        enc.write_var_uint(MessageType.AWARENESS)
+        enc.write_var_uint8array(message.payload)
+    elif isinstance(message, PermissionDenied):
+        enc.write_var_uint(MessageType.AUTH)
+        enc.write_var_uint(AuthType.PERMISSION_DENIED)
+        enc.write_var_string(message.reason)
+    elif isinstance(message, QueryAwareness):
+        enc.write_var_uint(MessageType.QUERY_AWARENESS)
+    elif isinstance(message, (Request, Response)):
+        enc.write_var_uint(MessageType.CRDTSTORE)
+        kind = ExtensionType.REQUEST if isinstance(message, Request) else ExtensionType.RESPONSE
+        enc.write_var_uint(kind)
+        try:
+            text = _dump_json(message)
+        except pydantic_core.PydanticSerializationError as exc:
+            raise ProtocolError(f"cannot encode {type(message).__name__}: {exc}") from None
+        enc.write_var_string(text)
+    else:
+        raise ProtocolError(f"not a message: {type(message).__name__}")
+    return enc.to_bytes()
+
+
+def _parse_json(text: str, what: str) -> Any:
+    # pydantic-core's parser bounds nesting depth (no RecursionError) and, unlike json.loads,
+    # can refuse NaN/Infinity, which JSON (and JavaScript's JSON.parse) does not have.
+    try:
+        return pydantic_core.from_json(text, allow_inf_nan=False)
+    except ValueError as exc:
+        raise ProtocolError(f"{what} is not valid JSON: {exc}") from None
+
+
+def _validate(model: type[Request] | type[Response], text: str) -> Request | Response:
+    data = _parse_json(text, model.__name__.lower())
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"]) or "body"
+        raise ProtocolError(f"invalid {model.__name__.lower()}: {loc}: {first['msg']}") from None
+
+
+def decode(frame: bytes, *, max_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> Message:
+    """The message that ``frame`` carries.
+
+    Raises:
+        MessageTooLarge: ``frame`` is longer than ``max_size``.
+        ProtocolError: the frame is truncated, malformed, of an unknown type, has trailing
+            bytes, or its JSON does not validate.
+    """
+    if not isinstance(frame, (bytes, bytearray, memoryview)):
+        raise ProtocolError(f"a frame is bytes, not {type(frame).__name__}")
+    if len(frame) > max_size:
+        raise MessageTooLarge("message", len(frame), max_size)
+    dec = Decoder(frame)
+    kind = dec.read_var_uint()
+    message: Message
+    if kind == MessageType.SYNC:
+        sub = dec.read_var_uint()
+        if sub == SyncType.UPDATE:
+            message = Update(dec.read_var_uint8array())
+        elif sub == SyncType.STEP1:
+            message = SyncStep1(dec.read_var_uint8array())
+        elif sub == SyncType.STEP2:
+            message = SyncStep2(dec.read_var_uint8array())
+        else:
+            raise ProtocolError(f"unknown sync message type {sub}")
+    elif kind == MessageType.AWARENESS:
+        message = Awareness(dec.read_var_uint8array())
+    elif kind == MessageType.AUTH:
+        sub = dec.read_var_uint()
+        if sub != AuthType.PERMISSION_DENIED:
+            raise ProtocolError(f"unknown auth message type {sub}")
+        message = PermissionDenied(dec.read_var_string())
+    elif kind == MessageType.QUERY_AWARENESS:
+        message = QueryAwareness()
+    elif kind == MessageType.CRDTSTORE:
+        sub = dec.read_var_uint()
+        if sub == ExtensionType.REQUEST:
+            message = _validate(Request, dec.read_var_string())
+        elif sub == ExtensionType.RESPONSE:
+            message = _validate(Response, dec.read_var_string())
+        else:
+            raise ProtocolError(f"unknown crdtstore message type {sub}")
+    else:
+        raise ProtocolError(f"unknown message type {kind}")
+    dec.end(type(message).__name__)
+    return message
+
+
+# -- payloads inside messages ---------------------------------------------------------------
+
+
+def decode_awareness_update(payload: bytes) -> tuple[AwarenessEntry, ...]:
+    """The entries of an awareness update, each state checked to be JSON.
+
+    Raises:
+        ProtocolError: truncated, trailing bytes, or a state that is not JSON.
+    """
+    dec = Decoder(payload)
+    count = dec.read_var_uint()
+    # each entry takes at least 3 bytes: refuse a count the payload cannot hold before
+    # looping over it
+    if count > dec.remaining // 3:
+        raise ProtocolError(f"awareness update claims {count} entries in {len(payload)} bytes")
+    entries = []
+    for _ in range(count):
+        client_id = dec.read_var_uint()
+        clock = dec.read_var_uint()
+        state = dec.read_var_string()
+        _parse_json(state, "awareness state")
+        entries.append(AwarenessEntry(client_id, clock, state))
+    dec.end("awareness update")
+    return tuple(entries)
+
+
+def encode_awareness_update(entries: tuple[AwarenessEntry, ...] | list[AwarenessEntry]) -> bytes:
+    """The awareness update payload holding ``entries``.
+
+    Raises:
+        ProtocolError: an entry's fields cannot be encoded.
+    """
+    enc = Encoder()
+    enc.write_var_uint(len(entries))
+    for entry in entries:
+        enc.write_var_uint(entry.client_id)
+        enc.write_var_uint(entry.clock)
+        enc.write_var_string(entry.state)
+    return enc.to_bytes()
+
+
+_STATE_VECTOR_ENTRY_MIN = 2  # a client id and a clock take a byte each at least
+
+
+def decode_state_vector(state_vector: bytes) -> dict[int, int]:
+    """A v1 state vector (``varUint(n) • n * (varUint(client) • varUint(clock))``) as a dict.
+
+    Raises:
+        ProtocolError: truncated, trailing bytes, or a client listed twice.
+    """
+    dec = Decoder(state_vector)
+    count = dec.read_var_uint()
+    if count > dec.remaining // _STATE_VECTOR_ENTRY_MIN:
+        raise ProtocolError(f"state vector claims {count} clients in {len(state_vector)} bytes")
+    out: dict[int, int] = {}
+    for _ in range(count):
+        client = dec.read_var_uint()
+        clock = dec.read_var_uint()
+        if client in out:
+            raise ProtocolError(f"state vector lists client {client} twice")
+        out[client] = clock
+    dec.end("state vector")
+    return out
