@@ -1,0 +1,85 @@
+"""A deterministic simulator of concurrent agents merging one crdtstore record.
+
+N agents, each with a real :class:`crdtstore.Record` on its own ``memory://`` store, write
+through the public API; their writes travel as journal-entry update bytes over a simulated
+network (per-link delay, loss with retransmission, duplication, reordering, partitions that
+heal); every operation, delivery and state goes into a JSON-able trace; invariants
+(convergence, no acknowledged write lost, every ``keep_all`` sibling kept) are checked after
+every step and at the end. The same seed gives the same trace.
+
+Quick use::
+
+    from crdtstore import sim
+
+    result = sim.simulate(sim.SimConfig(agents=3, seed=7, ops=30))
+    assert result.ok, result.violations
+    print(result.states["a0"])
+
+    script = [
+        sim.Partition(((0,), (1,))),
+        sim.Set(0, "m", "x", "from a0"),
+        sim.Set(1, "m", "y", "from a1"),
+        sim.Wait(10),
+        sim.Heal(),
+    ]
+    result = sim.simulate(sim.SimConfig(agents=2), script)
+
+See ``crdtstore/sim/_sim.py`` for why the simulator drives real records and how delivery is
+ordered.
+"""
+
+from ._check import Violation as Violation
+from ._check import WriteRec as WriteRec
+from ._check import check_state as check_state
+from ._network import LinkSpec as LinkSpec
+from ._network import Message as Message
+from ._network import NetworkConfig as NetworkConfig
+from ._sim import SimConfig as SimConfig
+from ._sim import SimResult as SimResult
+from ._sim import Simulation as Simulation
+from ._sim import agent_state as agent_state
+from ._sim import decode_state_vector as decode_state_vector
+from ._sim import simulate as simulate
+from ._steps import Append as Append
+from ._steps import Delete as Delete
+from ._steps import Drain as Drain
+from ._steps import Heal as Heal
+from ._steps import InsertText as InsertText
+from ._steps import Partition as Partition
+from ._steps import Set as Set
+from ._steps import Step as Step
+from ._steps import Wait as Wait
+from ._steps import random_script as random_script
+from ._steps import step_from_json as step_from_json
+from ._steps import text_boundaries as text_boundaries
+from ._trace import Trace as Trace
+from ._trace import canon as canon
+
+__all__ = [
+    "Append",
+    "Delete",
+    "Drain",
+    "Heal",
+    "InsertText",
+    "LinkSpec",
+    "Message",
+    "NetworkConfig",
+    "Partition",
+    "Set",
+    "SimConfig",
+    "SimResult",
+    "Simulation",
+    "Step",
+    "Trace",
+    "Violation",
+    "Wait",
+    "WriteRec",
+    "agent_state",
+    "canon",
+    "check_state",
+    "decode_state_vector",
+    "random_script",
+    "simulate",
+    "step_from_json",
+    "text_boundaries",
+]

@@ -1,0 +1,648 @@
+"""The simulator: N agents, each a real :class:`crdtstore.Record` on its own ``memory://``
+store, connected by a simulated network; scripted or random writes; a trace; invariant checks.
+
+Why real records, each on its own store. The point is to watch the record and journal code
+merge, not a model of it. Each agent's record lives on a private ``memory://`` store, so
+records never sync by themselves: the only way a write reaches another agent is a message of
+the simulated network. An agent writes through the public API (``rec.map(..).set``,
+``rec.list(..).append``, ``rec.text(..).insert``; ``keep_all`` collections through a
+``CollectionSpec(conflict="keep_all")`` schema), in ``durable`` mode, so a write that returned
+is acknowledged (journaled). Its message carries the update bytes of the journal entries the
+write made (``store.journal(run)``); a receiver merges them with ``tree_merge`` and applies
+them with ``rec.apply_update`` (which journals them again, in the receiver's journal, as
+relayed content: those entries are not forwarded, every write travels from its author). At the
+end the network drains and the agents exchange state vectors (``doc.get_update(state)``,
+applied through ``rec.apply_update``), as every reconnect of the sync layer does.
+
+Determinism. Every random choice (the script, the network, the client ids) comes from
+``random.Random`` seeded from ``SimConfig.seed``; time is simulated ticks, never the wall
+clock. pycrdt gives every Doc a random client id and concurrent map writes are won by the
+higher id, so the simulator gives each agent's document a client id drawn from the seed
+(:func:`_seed_client_id`; crdtstore has no public way to choose it yet). The trace leaves out
+what still depends on the wall clock (write times in provenance and keep_all siblings).
+
+Causal delivery. pycrdt 0.14 can drop content when one client's updates arrive out of causal
+order (PYCRDT-NOTES hazard 1; a state-vector exchange repairs it). With ``causal=True`` (the
+default) a receiver holds back a message until it has integrated every write the message's
+write depended on (a causal broadcast over a network that loses, duplicates and reorders),
+as the journal and the hub order updates; invariants are then checked at every step. With
+``causal=False`` messages are applied as they arrive, to watch the hazard: only the final
+state (after the state-vector exchange) is checked.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from .._collections import KeepAllMap
+from .._errors import CrdtStoreError
+from .._record import Record
+from .._replica import REGISTRY, tree_merge
+from .._semantics import CollectionSpec
+from .._store import Store, open_store
+from ._check import SEP, Violation, WriteRec, check_state, lww_frontier
+from ._network import Event, Message, Network, NetworkConfig
+from ._steps import (
+    Append,
+    Delete,
+    Drain,
+    Heal,
+    InsertText,
+    Partition,
+    Set,
+    Step,
+    Wait,
+    random_script,
+    text_boundaries,
+)
+from ._trace import Trace, canon
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """What to simulate.
+
+    Args:
+        agents: how many agents (each with its own record).
+        seed: the seed of every random choice (script, network, client ids).
+        network: links, partitions' retransmission (see :class:`NetworkConfig`).
+        ops: the length (writes) of the random script used when no script is given.
+        max_wait, partition_rate: shape of the random script (see :func:`random_script`).
+        keep_all: map collections declared ``CollectionSpec(conflict="keep_all")``.
+        causal: hold back messages until their causal predecessors are integrated
+            (default); False applies them on arrival.
+        final_exchange: end with a state-vector exchange between every pair of agents.
+        check_every_step: check the invariants at the affected replica after every write
+            and delivery (``causal`` only); the final check always runs.
+        max_ticks: give up draining the network after this tick (a violation).
+        drop_delivery: TEST ONLY: the message with this id is dropped permanently (never
+            retransmitted) and the final exchange is skipped: a broken merge that the
+            invariant check must catch.
+        run: the run name the agents share.
+    """
+
+    agents: int = 3
+    seed: int = 0
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    ops: int = 20
+    max_wait: int = 3
+    partition_rate: float = 0.1
+    keep_all: tuple[str, ...] = ("k",)
+    causal: bool = True
+    final_exchange: bool = True
+    check_every_step: bool = True
+    max_ticks: int = 100_000
+    drop_delivery: int | None = None
+    run: str = "sim"
+
+    def __post_init__(self) -> None:
+        if self.agents < 1:
+            raise ValueError("agents must be >= 1")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "agents": self.agents,
+            "seed": self.seed,
+            "network": self.network.to_json(),
+            "ops": self.ops,
+            "max_wait": self.max_wait,
+            "partition_rate": self.partition_rate,
+            "keep_all": list(self.keep_all),
+            "causal": self.causal,
+            "final_exchange": self.final_exchange,
+            "check_every_step": self.check_every_step,
+            "max_ticks": self.max_ticks,
+            "drop_delivery": self.drop_delivery,
+            "run": self.run,
+        }
+
+
+@dataclass
+class SimResult:
+    """What a run produced: the trace, the violations (empty when every invariant held), the
+    final canonical state of every agent, whether they converged, the acknowledged writes."""
+
+    config: SimConfig
+    script: list[Step]
+    trace: Trace
+    violations: list[Violation]
+    states: dict[str, Any]
+    converged: bool
+    ticks: int
+    writes: list[WriteRec]
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "config": self.config.to_json(),
+            "script": [s.to_json() for s in self.script],
+            "trace": self.trace.events,
+            "violations": [v.to_json() for v in self.violations],
+            "states": self.states,
+            "converged": self.converged,
+            "ticks": self.ticks,
+            "writes": [w.to_json() for w in self.writes],
+        }
+
+
+def _seed_client_id(rec: Record, client_id: int) -> None:
+    """Give a record's (not yet started) document the client id ``client_id``.
+
+    pycrdt draws a random client id per Doc and concurrent map writes are won by the higher
+    one, so without this the same seed would not give the same outcome. Replaces the fresh,
+    empty Doc the record's replica made with an equally fresh one of the chosen id.
+    """
+    from pycrdt import Doc, Map
+
+    replica = rec.replica
+    replica.doc = Doc(client_id=client_id)
+    replica.client_id = client_id
+    replica.registry = replica.doc.get(REGISTRY, type=Map)
+    replica.doc.observe(replica._on_transaction)
+
+
+def decode_state_vector(sv: bytes) -> dict[int, int]:
+    """A v1 state vector (``doc.get_state()``) as ``{client id: clock}``."""
+    pos = 0
+
+    def varuint() -> int:
+        nonlocal pos
+        value = shift = 0
+        while True:
+            byte = sv[pos]
+            pos += 1
+            value |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                return value
+            shift += 7
+
+    out = {}
+    for _ in range(varuint()):
+        client = varuint()
+        out[client] = varuint()
+    return out
+
+
+def agent_state(rec: Record, keep_all: Sequence[str] = ()) -> dict[str, Any]:
+    """The canonical JSON view of a record the simulator traces and checks: maps as dicts,
+    ``keep_all`` maps as ``{key: [{"token", "agent", "value"}, ...]}`` (sorted by token),
+    lists as lists, texts as strings."""
+    out: dict[str, Any] = {}
+    for name, kind in rec.collections().items():
+        if kind == "map":
+            coll = rec.map(name)
+            if isinstance(coll, KeepAllMap):
+                out[name] = {
+                    key: [
+                        {"token": s.token, "agent": s.agent, "value": s.value}
+                        for s in sorted(coll.siblings(key), key=lambda s: s.token)
+                    ]
+                    for key in sorted(coll.keys())
+                }
+            else:
+                out[name] = dict(sorted(coll.to_dict().items()))
+        elif kind == "list":
+            out[name] = rec.list(name).to_list()
+        else:
+            out[name] = rec.text(name).read()
+    return out
+
+
+class _Agent:
+    def __init__(self, index: int, store: Store, rec: Record, agents: int) -> None:
+        self.index = index
+        self.name = rec.agent
+        self.store = store
+        self.rec = rec
+        self.journal_seq = 0  # journal entries of this agent's store read so far
+        self.written = 0  # acknowledged writes made
+        self.known: set[int] = set()  # writes integrated (causally closed)
+        self.clock = [0] * agents  # per author: how many of its writes are in ``known``
+        self.arrived: set[int] = set()  # causal=False: writes whose message was applied
+        self.held: dict[int, Message] = {}  # causal=True: messages waiting for predecessors
+
+    async def new_entries(self, run: str) -> list[Any]:
+        entries = await self.store.journal(run, after=self.journal_seq, limit=1 << 30)
+        if entries:
+            self.journal_seq = entries[-1].seq
+        return entries
+
+    def deliverable(self, msg: Message) -> bool:
+        return self.clock[msg.src] == msg.index - 1 and all(
+            have >= need
+            for a, (have, need) in enumerate(zip(self.clock, msg.deps, strict=True))
+            if a != msg.src
+        )
+
+    def integrate(self, w: WriteRec) -> None:
+        self.known.add(w.id)
+        self.clock[w.agent] = max(self.clock[w.agent], w.index)
+
+
+class Simulation:
+    """One simulation run. ``await Simulation(config, script).run()`` inside an event loop,
+    or :func:`simulate` from synchronous code.
+
+    Args:
+        config: what to simulate (:class:`SimConfig`).
+        script: the steps to execute; None draws a random script from the seed.
+    """
+
+    def __init__(self, config: SimConfig | None = None, script: Sequence[Step] | None = None):
+        self.config = config = config or SimConfig()
+        seed = config.seed
+        if script is None:
+            script = random_script(
+                random.Random(f"{seed}:script"),
+                config.agents,
+                config.ops,
+                max_wait=config.max_wait,
+                partition_rate=config.partition_rate,
+            )
+        self.script = list(script)
+        for step in self.script:
+            agent = getattr(step, "agent", 0)
+            if not 0 <= agent < config.agents:
+                raise ValueError(f"step {step} names agent {agent} of {config.agents}")
+        self.trace = Trace()
+        self.network = Network(config.network, random.Random(f"{seed}:network"), self._emit_net)
+        self.network.drop_message = config.drop_delivery
+        self._choices = random.Random(f"{seed}:choices")  # picks made while executing steps
+        self._client_ids = random.Random(f"{seed}:client-ids").sample(
+            range(1, 2**31), config.agents
+        )
+        self.now = 0
+        self.agents: list[_Agent] = []
+        self.writes: list[WriteRec] = []
+        self.violations: list[Violation] = []
+        self._reported: set[tuple[str, str | None, str, bool]] = set()
+        self.kinds: dict[str, str] = {}  # collection -> map / keep_all / list / text
+        self._messages = 0
+        self._ran = False
+
+    # -- trace and checks -----------------------------------------------------------------------
+
+    def _emit(self, event: dict[str, Any]) -> None:
+        self.trace.emit(event)
+
+    def _emit_net(self, event: dict[str, Any]) -> None:
+        event["src"] = self.agents[event["src"]].name
+        event["dst"] = self.agents[event["dst"]].name
+        self.trace.emit(event)
+
+    def _violate(self, invariant: str, agent: str | None, detail: str, final: bool = False) -> None:
+        if (invariant, agent, detail, final) in self._reported:
+            return  # a broken state stays broken: report it once, when first seen
+        self._reported.add((invariant, agent, detail, final))
+        v = Violation(invariant, agent, self.now, detail, final)
+        self.violations.append(v)
+        self._emit({"t": self.now, "ev": "violation", **v.to_json()})
+
+    def _check(self, agent: _Agent, state: dict[str, Any]) -> None:
+        if not (self.config.check_every_step and self.config.causal):
+            return
+        known = [self.writes[i] for i in sorted(agent.known)]
+        for invariant, detail in check_state(state, known, self.kinds):
+            self._violate(invariant, agent.name, detail)
+
+    # -- running --------------------------------------------------------------------------------
+
+    async def run(self) -> SimResult:
+        """Execute the script, drain the network, exchange state vectors, check the final
+        state; return the :class:`SimResult`. A simulation runs once."""
+        if self._ran:
+            raise RuntimeError("a Simulation runs once; make a new one")
+        self._ran = True
+        cfg = self.config
+        schema = {name: CollectionSpec(kind="map", conflict="keep_all") for name in cfg.keep_all}
+        self.kinds.update(dict.fromkeys(cfg.keep_all, "keep_all"))
+        async with AsyncExitStack() as stack:
+            for i in range(cfg.agents):
+                store = await stack.enter_async_context(open_store("memory://"))
+                rec = store.open_record(
+                    cfg.run, f"a{i}", "model", durability="durable", schema=schema
+                )
+                _seed_client_id(rec, self._client_ids[i])
+                await stack.enter_async_context(rec)
+                self.agents.append(_Agent(i, store, rec, cfg.agents))
+            self._emit({"t": 0, "ev": "config", "config": cfg.to_json()})
+            self._emit({"t": 0, "ev": "script", "steps": [s.to_json() for s in self.script]})
+            for n, step in enumerate(self.script):
+                await self._step(n, step)
+            converged = await self._finish()
+            states = {a.name: agent_state(a.rec, cfg.keep_all) for a in self.agents}
+        return SimResult(
+            cfg, self.script, self.trace, self.violations, states, converged, self.now, self.writes
+        )
+
+    async def _step(self, n: int, step: Step) -> None:
+        if isinstance(step, Wait):
+            await self._advance(self.now + step.ticks)
+        elif isinstance(step, Drain):
+            await self._drain()
+        elif isinstance(step, Partition):
+            self.network.partition(step.groups, self.config.agents)
+            self._emit({"t": self.now, "ev": "partition", "groups": step.to_json()["groups"]})
+        elif isinstance(step, Heal):
+            self.network.heal()
+            self._emit({"t": self.now, "ev": "heal"})
+        else:
+            await self._write(n, step)
+
+    async def _advance(self, until: int) -> None:
+        while True:
+            t = self.network.next_time()
+            if t is None or t > until:
+                break
+            await self._event(self.network.pop())
+        self.now = max(self.now, until)
+
+    async def _drain(self) -> bool:
+        while self.network and not self.network.blocked():
+            event = self.network.pop()
+            if event.time > self.config.max_ticks:
+                self.now = event.time
+                self._violate("drain", None, f"messages still in flight at tick {event.time}")
+                return False
+            await self._event(event)
+        return True
+
+    async def _event(self, event: Event) -> None:
+        self.now = max(self.now, event.time)
+        if event.kind == "retry":
+            if not event.msg.dropped:
+                self.network.transmit(self.now, event.msg)
+        elif self.network.arrival(self.now, event):
+            await self._arrive(event.msg, event.primary)
+
+    # -- writes ---------------------------------------------------------------------------------
+
+    async def _write(self, n: int, step: Step) -> None:
+        cfg = self.config
+        a = self.agents[getattr(step, "agent", 0)]
+        rec = a.rec
+        base = {"t": self.now, "agent": a.name, "step": n, "op": step.to_json()}
+        kind = "map"
+        supersedes: frozenset[int] = frozenset()
+        try:
+            if isinstance(step, (Set, Delete)):
+                kind = "keep_all" if step.collection in cfg.keep_all else "map"
+                coll = rec.map(step.collection)
+                if kind == "map":
+                    supersedes = frozenset(
+                        w.id
+                        for w in lww_frontier(
+                            self.writes[i]
+                            for i in a.known
+                            if self.writes[i].collection == step.collection
+                            and self.writes[i].key == step.key
+                        )
+                    )
+                if isinstance(step, Set):
+                    await coll.set(step.key, step.value)
+                else:
+                    await coll.delete(step.key)
+            elif isinstance(step, Append):
+                kind = "list"
+                await rec.list(step.collection).append(step.value)
+            elif isinstance(step, InsertText):
+                kind = "text"
+                text = rec.text(step.collection)
+                current = text.read()
+                if step.at == "end":
+                    at = len(current)
+                elif step.at == "boundary":
+                    at = self._choices.choice(text_boundaries(current))
+                else:
+                    at = min(max(step.at, 0), len(current))
+                base["at"] = at
+                await text.insert(at, step.text)
+            else:  # pragma: no cover - every step kind is handled above
+                raise TypeError(f"not a step: {step!r}")
+        except CrdtStoreError as exc:
+            self._emit({**base, "ev": "refused", "error": type(exc).__name__, "reason": str(exc)})
+            return
+        entries = await a.new_entries(cfg.run)
+        if not entries:
+            self._emit({**base, "ev": "noop"})
+            return
+        self.kinds.setdefault(step.collection, kind)
+        a.written += 1
+        deps = tuple(a.clock)
+        pkey = None
+        resolved: list[str] = []
+        if kind == "keep_all":
+            for e in entries:
+                for op in e.effect:
+                    if op[0] == "map" and op[2] == "set" and SEP in op[3]:
+                        pkey = op[3]
+                    elif op[0] == "map" and op[2] == "del":
+                        resolved.append(op[3])
+        w = WriteRec(
+            id=len(self.writes),
+            agent=a.index,
+            index=a.written,
+            tick=self.now,
+            kind=kind,
+            collection=step.collection,
+            key=getattr(step, "key", None),
+            value=(step.text if isinstance(step, InsertText) else getattr(step, "value", None)),
+            deleted=isinstance(step, Delete),
+            pkey=pkey,
+            resolved=tuple(sorted(resolved)),
+            supersedes=supersedes,
+            deps=deps,
+            seqs=tuple(e.seq for e in entries),
+        )
+        self.writes.append(w)
+        a.integrate(w)
+        state = agent_state(rec, cfg.keep_all)
+        self._emit({**base, "ev": "write", "write": w.to_json(), "state": state})
+        self._check(a, state)
+        updates = [e.update for e in entries]
+        for dst in range(cfg.agents):
+            if dst != a.index:
+                msg = Message(self._messages, a.index, dst, w.id, w.index, deps, updates)
+                self._messages += 1
+                self.network.transmit(self.now, msg)
+
+    # -- deliveries -----------------------------------------------------------------------------
+
+    async def _arrive(self, msg: Message, primary: bool) -> None:
+        a = self.agents[msg.dst]
+        w = self.writes[msg.write]
+        base = {"t": self.now, "msg": msg.id, "src": self.agents[msg.src].name, "dst": a.name}
+        self._emit({**base, "ev": "arrive", "write": w.id, "duplicate": not primary})
+        if not self.config.causal:
+            dup = w.id in a.arrived
+            a.arrived.add(w.id)
+            self._promote(a)
+            await self._apply(a, msg, dup)
+            return
+        if a.clock[msg.src] >= msg.index:
+            await self._apply(a, msg, dup=True)
+            return
+        if not a.deliverable(msg):
+            a.held[msg.id] = msg
+            self._emit({**base, "ev": "held", "write": w.id, "clock": list(a.clock)})
+            return
+        a.integrate(w)
+        await self._apply(a, msg, dup=False)
+        released = True
+        while released:
+            released = False
+            for held in sorted(a.held.values(), key=lambda m: m.id):
+                if a.clock[held.src] >= held.index or a.deliverable(held):
+                    del a.held[held.id]
+                    dup = a.clock[held.src] >= held.index
+                    if not dup:
+                        a.integrate(self.writes[held.write])
+                    await self._apply(a, held, dup=dup)
+                    released = True
+                    break
+
+    def _promote(self, a: _Agent) -> None:
+        """causal=False: count as integrated the arrived writes whose predecessors are too."""
+        grown = True
+        while grown:
+            grown = False
+            for wid in sorted(a.arrived - a.known):
+                w = self.writes[wid]
+                if a.clock[w.agent] == w.index - 1 and all(
+                    have >= need
+                    for i, (have, need) in enumerate(zip(a.clock, w.deps, strict=True))
+                    if i != w.agent
+                ):
+                    a.integrate(w)
+                    grown = True
+
+    async def _apply(self, a: _Agent, msg: Message, dup: bool) -> None:
+        base = {
+            "t": self.now,
+            "msg": msg.id,
+            "src": self.agents[msg.src].name,
+            "dst": a.name,
+            "write": msg.write,
+            "duplicate": dup,
+        }
+        try:
+            await a.rec.apply_update(tree_merge(msg.updates))
+        except CrdtStoreError as exc:
+            # seen with causal=False: pycrdt 0.14 can panic on an update whose causal
+            # predecessors are missing; the record refuses it (InvalidUpdate)
+            await a.new_entries(self.config.run)
+            self._emit({**base, "ev": "apply_refused", "error": f"{type(exc).__name__}: {exc}"})
+            return
+        relay = await a.new_entries(self.config.run)
+        state = agent_state(a.rec, self.config.keep_all)
+        self._emit(
+            {
+                **base,
+                "ev": "apply",
+                "relay_seqs": [e.seq for e in relay],
+                "state": state,
+            }
+        )
+        self._check(a, state)
+
+    # -- the end --------------------------------------------------------------------------------
+
+    def _state_vector(self, a: _Agent) -> dict[int, int]:
+        return decode_state_vector(a.rec.replica.doc.get_state())
+
+    async def _finish(self) -> bool:
+        cfg = self.config
+        self._emit({"t": self.now, "ev": "end_of_script"})
+        if self.network.partitioned:
+            self.network.heal()
+            self._emit({"t": self.now, "ev": "heal"})
+        await self._drain()
+        for a in self.agents:
+            for msg in sorted(a.held.values(), key=lambda m: m.id):
+                self._violate(
+                    "undelivered",
+                    a.name,
+                    f"message {msg.id} (write {msg.write} of {self.agents[msg.src].name}) "
+                    "waits for a predecessor that never arrived",
+                )
+        drained = self._converged()
+        self._emit({"t": self.now, "ev": "drained", "converged": drained})
+        if cfg.causal and not drained and not self.violations:
+            self._violate(
+                "convergence", None, "every message was delivered but the replicas differ"
+            )
+        if cfg.final_exchange and cfg.drop_delivery is None:
+            for src in self.agents:
+                for dst in self.agents:
+                    if src is dst:
+                        continue
+                    before = self._state_vector(dst)
+                    doc = src.rec.replica.doc
+                    await dst.rec.apply_update(doc.get_update(dst.rec.replica.doc.get_state()))
+                    await dst.new_entries(cfg.run)
+                    new = self._state_vector(dst) != before
+                    self._emit(
+                        {
+                            "t": self.now,
+                            "ev": "exchange",
+                            "src": src.name,
+                            "dst": dst.name,
+                            "new": new,
+                        }
+                    )
+        converged = self._converged()
+        states = {a.name: agent_state(a.rec, cfg.keep_all) for a in self.agents}
+        if not converged:
+            groups: dict[str, list[str]] = {}
+            for a in self.agents:
+                key = canon([states[a.name], sorted(self._state_vector(a).items())])
+                groups.setdefault(key, []).append(a.name)
+            self._violate(
+                "convergence",
+                None,
+                f"replicas differ after the network drained: {sorted(groups.values())}",
+                final=True,
+            )
+        for a in self.agents:
+            for invariant, detail in check_state(states[a.name], self.writes, self.kinds):
+                self._violate(invariant, a.name, detail, final=True)
+        self._emit(
+            {
+                "t": self.now,
+                "ev": "final",
+                "converged": converged,
+                "states": states,
+                "violations": len(self.violations),
+            }
+        )
+        return converged
+
+    def _converged(self) -> bool:
+        first = self.agents[0]
+        state = canon(agent_state(first.rec, self.config.keep_all))
+        sv = self._state_vector(first)
+        return all(
+            canon(agent_state(a.rec, self.config.keep_all)) == state and self._state_vector(a) == sv
+            for a in self.agents[1:]
+        )
+
+
+def simulate(
+    config: SimConfig | None = None,
+    script: Sequence[Step] | None = None,
+    *,
+    backend: str = "asyncio",
+) -> SimResult:
+    """Run a simulation from synchronous code (its own event loop; ``backend`` is an anyio
+    backend name)."""
+    sim = Simulation(config, script)
+    return anyio.run(sim.run, backend=backend)
