@@ -41,10 +41,7 @@ class _Collection:
     @property
     def model(self) -> type[BaseModel] | None:
         """The pydantic model values are validated against (this handle's, else the run's)."""
-        if self._model is not None:
-            return self._model
-        spec = self._rec._specs.get(self.name)
-        return spec.model if spec is not None else None
+        return self._model or self._rec._models.get(self.name)
 
     def _in(self, key: str | None, value: Any) -> Any:
         """Validate a value for writing (schema, then JSON-likeness); return what to store."""

@@ -19,6 +19,7 @@ import logging
 from builtins import list as _List
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from contextvars import ContextVar, Token
 from time import time as _time
 from typing import TYPE_CHECKING, Any
 
@@ -125,6 +126,7 @@ class Record:
         self.replica = Replica(max_update=store.max_update)
         self._declare = coerce_schema(schema)
         self._specs: dict[str, CollectionSpec] = {}  # the run's declarations (enforced)
+        self._models: dict[str, type[BaseModel]] = {}  # the declared models, by collection
         self._usage: dict[str, Budget] = {}  # budget totals of budgeted collections
         self._stamps: dict[str, int] = {}  # changes seen per collection (cache invalidation)
         self._tokens = 0
@@ -139,7 +141,7 @@ class Record:
         self._failure: BaseException | None = None
         self.applied_seq = 0  # highest journal position this replica has taken in
         self._subscribers: _List[_Subscriber] = []
-        self._txn_task: int | None = None
+        self._txn_task: object | None = None  # the marker of the open transaction
         self._txn_ops: _List[Op] = []
         self._txn_meta: Meta | None = None
         self._txn_idle = anyio.Event()
@@ -267,6 +269,7 @@ class Record:
             if spec.model is not None and name in specs:
                 specs[name] = specs[name].model_copy(update={"model": spec.model})
         self._specs = specs
+        self._models = {n: spec.model for n, spec in specs.items() if spec.model is not None}
 
     async def declare(self, name: str, spec: CollectionSpec) -> None:
         """Declare a collection's kind, policies, budgets and model for the whole run.
@@ -390,7 +393,7 @@ class Record:
         if self._state != "open" or self._failure is not None:
             self._check_open()
         if self._txn_task is not None:
-            if anyio.get_current_task().id == self._txn_task:
+            if _TXN.get() is self._txn_task:
                 assert self._txn_meta is not None
                 usage = self._enforce(ops, conditional=False) if self._specs else None
                 self.replica.do(ops, apply, self._txn_meta)
@@ -573,7 +576,7 @@ class Record:
         if based_on is not None and not isinstance(based_on, Version):
             raise InvalidValue("based_on must be a Version (rec.current_version(...))")
         while self._txn_task is not None:
-            if anyio.get_current_task().id == self._txn_task:
+            if _TXN.get() is self._txn_task:
                 raise InvalidValue("a guarded write cannot be part of rec.transaction()")
             await self._txn_idle.wait()
         meta: Meta | None = None
@@ -1114,20 +1117,28 @@ class Claim:
                 await self.release()
 
 
+# Which transaction the running code is inside. A context variable, not the task: the check
+# runs on every write of a transaction, and asking anyio for the current task costs more
+# than the write itself. (Tasks started inside the block inherit it and join the
+# transaction.)
+_TXN: ContextVar[object | None] = ContextVar("crdtstore_transaction", default=None)
+
+
 class _Transaction:
     def __init__(self, rec: Record) -> None:
         self._rec = rec
+        self._token: Token[object | None] | None = None
 
     async def __aenter__(self) -> Record:
         rec = self._rec
         rec._check_open()
-        me = anyio.get_current_task().id
-        if rec._txn_task == me:
+        if rec._txn_task is not None and _TXN.get() is rec._txn_task:
             raise RuntimeError("transactions do not nest")
         while rec._txn_task is not None:
             await rec._txn_idle.wait()
         rec._check_open()
-        rec._txn_task = me
+        rec._txn_task = self
+        self._token = _TXN.set(self)
         rec._txn_idle = anyio.Event()
         rec._txn_ops = []
         rec._txn_meta = Meta(rec.agent, rec.source, now(), None, rec._origin)
@@ -1146,5 +1157,7 @@ class _Transaction:
             rec._txn_ops = []
             rec._txn_meta = None
             rec._txn_idle.set()
+            if self._token is not None:
+                _TXN.reset(self._token)
         if exc[0] is None:
             await rec._after_write()

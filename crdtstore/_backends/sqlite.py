@@ -143,6 +143,7 @@ class SQLiteJournal(JournalBackend):
         self._r: _Conn | None = None
         self._run_ids: dict[tuple[str, str], int] = {}
         self._wlock: anyio.Lock | None = None  # serialises this process's use of _w
+        self._lease_db: sqlite3.Connection | None = None  # see lease_connection()
 
     def notify_url(self) -> str:
         return os.path.realpath(self.path)
@@ -266,7 +267,33 @@ class SQLiteJournal(JournalBackend):
         for conn in (self._w, self._r):
             if conn is not None and os.getpid() == self._pid:
                 conn.close()
-        self._w = self._r = None
+        if self._lease_db is not None and os.getpid() == self._pid:
+            self._lease_db.close()
+        self._w = self._r = self._lease_db = None
+
+    def lease_connection(self) -> sqlite3.Connection:
+        """The lease layer's own connection to the store file, opened on first use and closed
+        with the store: busy timeout 0 (its caller retries without blocking its event loop),
+        ``synchronous=NORMAL``, and its ``data_version`` tells it when anyone else wrote.
+
+        Raises:
+            BackendError: the store is not open, or this object was inherited through fork.
+        """
+        if self._w is None:
+            raise BackendError("sqlite", "store is not open")
+        if os.getpid() != self._pid:
+            raise BackendError("sqlite", "store object used after fork; open the store again")
+        if self._lease_db is None:
+            try:
+                db = sqlite3.connect(
+                    self.path, isolation_level=None, check_same_thread=False, timeout=0
+                )
+                db.execute("PRAGMA synchronous=NORMAL")
+                db.execute("PRAGMA secure_delete=ON")
+            except sqlite3.Error as exc:
+                raise BackendError("sqlite", f"cannot open {self.path}: {exc}") from exc
+            self._lease_db = db
+        return self._lease_db
 
     # -- runs -----------------------------------------------------------------------------------
 

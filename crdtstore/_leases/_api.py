@@ -8,6 +8,11 @@ A waiter does not poll the backend in a tight loop. It sleeps until the first of
 - the earliest deadline among the requests ahead of it (that one may then be reaped);
 - its own heartbeat (a waiting request has a TTL too, so an abandoned one does not block the
   queue forever), which also serves as the slow fallback poll.
+
+A holder renews its grant every ``ttl/3``. The renewing task is started only when the first
+renewal is due: one scheduler task per store (:meth:`Leases._run_heartbeats`) keeps the due
+times of the held leases, so a lease released sooner than ``ttl/3`` (the common case) costs
+no task at all.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from .._errors import (
     LeaseTimeout,
     StoreClosed,
 )
-from .._notify import Notifier
+from .._notify import Notifier, Watch
 from ._backend import LeaseBackend
 from ._clock import Proc, this_proc
 from ._engine import check_key, check_owner, check_ttl
@@ -67,11 +72,25 @@ class Leases:
         self.tenant = tenant
         self._check_open = check_open
         self._task_group = task_group
+        # held leases whose heartbeat task is not started yet -> when the first beat is due
+        # (time.monotonic()); the scheduler sleeps until _due_first, or until _due_wake is set
+        self._due: dict[Lease, float] = {}
+        self._due_first = math.inf
+        self._due_wake: anyio.Event | None = None
+        self._scheduler = False
+        self._watch: Watch | None = None  # see _wake_watch
         if backend is not None:
             backend.on_change = self._changed
 
     def _changed(self) -> None:
         self._notifier.notify(WAKE_KEY, self.tenant)
+
+    def _wake_watch(self) -> Watch:
+        """The watch of lease hand-offs, taken once and kept while the store is open (a waiter
+        reads its event before it asks, so no wake-up can fall between ask and wait)."""
+        if self._watch is None:
+            self._watch = self._notifier.watch(WAKE_KEY, self.tenant)
+        return self._watch
 
     @property
     def backend(self) -> LeaseBackend:
@@ -90,6 +109,38 @@ class Leases:
         if tg is None:
             raise StoreClosed("store")
         return tg
+
+    def _schedule_heartbeat(self, lease: Lease, due: float) -> None:
+        """Start ``lease``'s heartbeat task at ``due`` (unless it is released before)."""
+        if not self._scheduler:
+            self._spawn_group().start_soon(self._run_heartbeats)
+            self._scheduler = True
+        self._due[lease] = due
+        if due < self._due_first:
+            self._due_first = due
+            if self._due_wake is not None:
+                self._due_wake.set()
+
+    async def _run_heartbeats(self) -> None:
+        """Start the heartbeat tasks of held leases as their first beats come due."""
+        try:
+            while True:
+                now = time.monotonic()
+                first = math.inf
+                for lease, due in list(self._due.items()):
+                    if due <= now:
+                        del self._due[lease]
+                        lease._start_heartbeat_task()
+                    elif due < first:
+                        first = due
+                self._due_first = first
+                self._due_wake = wake = anyio.Event()
+                with anyio.move_on_after(first - now):
+                    await wake.wait()
+        finally:
+            self._scheduler = False
+            self._due_wake = None
+            self._due_first = math.inf
 
     async def status(self, *, reap: bool = True) -> LeaseStatus:
         """Holders and waiters of this tenant in rank order, with ranks, resources and ages.
@@ -190,7 +241,7 @@ class Lease:
         self.lost_reason: str | None = None
         self.waited = 0.0
         self._proc: Proc = this_proc()
-        self._hb_scope: anyio.CancelScope | None = None
+        self._hb: anyio.CancelScope | None = None  # see _hb_scope
         self._released = False
 
     # -- what a holder reads ----------------------------------------------------------------
@@ -246,7 +297,7 @@ class Lease:
         tenant = leases.tenant
         started = time.monotonic()
         deadline = None if self.timeout is None else started + self.timeout
-        watch = leases._notifier.watch(WAKE_KEY, tenant)
+        watch = leases._wake_watch()
         st: LeaseState | None = None
         try:
             event = watch.event
@@ -282,16 +333,27 @@ class Lease:
                     await backend.cancel(tenant, st.lease_id, self.owner)
             self.state = None
             raise
-        finally:
-            leases._notifier.unwatch(WAKE_KEY, tenant)
         self.waited = time.monotonic() - started
         self._start_heartbeat()
         return self
 
+    @property
+    def _hb_scope(self) -> anyio.CancelScope:
+        """The heartbeat task's scope: cancelling it stops the renewals (made on first use)."""
+        if self._hb is None:
+            self._hb = anyio.CancelScope()
+        return self._hb
+
     def _start_heartbeat(self) -> None:
-        self._hb_scope = anyio.CancelScope()
+        self._leases._schedule_heartbeat(self, time.monotonic() + self.ttl / 3)
+
+    def _start_heartbeat_task(self) -> None:
+        """The first beat is due: start the task that renews the grant from now on."""
+        scope = self._hb_scope
+        if self._released or scope.cancel_called:
+            return
         self._leases._spawn_group().start_soon(
-            self._heartbeat, self._hb_scope, self._leases.backend, self._granted()
+            self._heartbeat, scope, self._leases.backend, self._granted()
         )
 
     async def _heartbeat(
@@ -299,7 +361,7 @@ class Lease:
     ) -> None:
         # the scope may have been cancelled (released) before this task first ran
         with scope:
-            interval = self.ttl / 3
+            interval = 0.0  # the first beat is due when the task starts
             while True:
                 await anyio.sleep(interval)
                 try:
@@ -333,14 +395,18 @@ class Lease:
         if self._released or self.state is None:
             return
         self._released = True
-        if self._hb_scope is not None:
-            self._hb_scope.cancel()
+        self._leases._due.pop(self, None)
+        if self._hb is not None:
+            self._hb.cancel()
         st = self.state
-        with anyio.CancelScope(shield=True):
+        backend = self._leases.backend
+        # the release must run to the end even when our caller is being cancelled
+        shield = (
+            contextlib.nullcontext() if backend.shields_cleanup else anyio.CancelScope(shield=True)
+        )
+        with shield:
             try:
-                await self._leases.backend.release(
-                    self._leases.tenant, st.lease_id, self.owner, st.token
-                )
+                await backend.release(self._leases.tenant, st.lease_id, self.owner, st.token)
             except (LeaseNotFound, LeaseLost):
                 self._mark_lost("it was gone at release (expired or reaped)")
         if self.lost:

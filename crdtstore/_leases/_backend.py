@@ -31,6 +31,9 @@ class LeaseBackend(ABC):
 
     name: str = "leases"
     on_change: Callable[[], None] | None = None
+    # True when release() and cancel() run to completion even if the caller's scope is
+    # cancelled meanwhile (then the caller need not shield them)
+    shields_cleanup: bool = False
 
     @abstractmethod
     async def open(self) -> None:
@@ -107,19 +110,22 @@ class LeaseBackend(ABC):
 class TableBackend(LeaseBackend):
     """A backend that applies :class:`Table` transitions inside its own transactions."""
 
+    shields_cleanup = True  # _transact(..., shield=True) for release and cancel
+
     def __init__(self, *, clock: Clock | None = None, probe: ProcessProbe | None = None) -> None:
         self.clock: Clock = clock if clock is not None else SystemClock()
         self.probe: ProcessProbe = probe if probe is not None else SystemProbe()
 
     @abstractmethod
-    async def _transact(self, fn: Callable[[Table], T]) -> T:
-        """Run ``fn`` on the current table atomically and persist what it changed."""
+    async def _transact(self, fn: Callable[[Table], T], *, shield: bool = False) -> T:
+        """Run ``fn`` on the current table atomically and persist what it changed; with
+        ``shield``, a cancellation of the caller does not interrupt it."""
 
     @abstractmethod
     async def _view(self, fn: Callable[[Table], T]) -> T:
         """Run ``fn`` on a consistent, read-only view of the table."""
 
-    async def _change(self, op: Callable[[Table, float], T]) -> T:
+    async def _change(self, op: Callable[[Table, float], T], *, shield: bool = False) -> T:
         """Reap, apply ``op``, evaluate the grant rule, in one transaction.
 
         An error of ``op`` is raised after the transaction commits what the reap did (the
@@ -128,8 +134,9 @@ class TableBackend(LeaseBackend):
 
         def tx(t: Table) -> tuple[T | None, CrdtStoreError | None, bool]:
             now, boot = self.clock.now(), self.clock.boot_id()
-            held = {r.id for r in t.reqs.values() if r.state == "granted"}
-            t.reap(now, boot, self.probe)
+            first_token = t.next_token
+            if t.reqs:
+                t.reap(now, boot, self.probe)
             value: T | None = None
             error: CrdtStoreError | None = None
             try:
@@ -138,13 +145,19 @@ class TableBackend(LeaseBackend):
                 error = exc
             t.grant(now)
             # Wake waiters only when one of them was granted: a removal that grants nobody
-            # changes nothing they wait for, and the caller knows about its own grant.
-            woke = {r.id for r in t.reqs.values() if r.state == "granted"} - held
-            if isinstance(value, LeaseState):
-                woke.discard(value.lease_id)
-            return value, error, bool(woke)
+            # changes nothing they wait for, and the caller knows about its own grant. Every
+            # grant takes the next token and none is undone later in the transaction, so the
+            # tokens taken since ``first_token`` count this transaction's grants.
+            grants = t.next_token - first_token
+            if (
+                isinstance(value, LeaseState)
+                and value.token is not None
+                and value.token >= first_token
+            ):
+                grants -= 1
+            return value, error, grants > 0
 
-        value, error, changed = await self._transact(tx)
+        value, error, changed = await self._transact(tx, shield=shield)
         if changed and self.on_change is not None:
             self.on_change()
         if error is not None:
@@ -192,10 +205,12 @@ class TableBackend(LeaseBackend):
         return await self._change(op)
 
     async def release(self, tenant: str, lease_id: str, owner: str, token: int | None) -> None:
-        await self._change(lambda t, now: t.release(tenant, lease_id, owner, token))
+        await self._change(lambda t, now: t.release(tenant, lease_id, owner, token), shield=True)
 
     async def cancel(self, tenant: str, lease_id: str, owner: str) -> bool:
-        return await self._change(lambda t, now: t.cancel(tenant, lease_id, owner) is not None)
+        return await self._change(
+            lambda t, now: t.cancel(tenant, lease_id, owner) is not None, shield=True
+        )
 
     async def reap(self) -> int:
         if await self._view(lambda t: not t.reqs):

@@ -21,7 +21,7 @@ from typing import Literal
 
 from .._errors import InvalidResource, InvalidValue, LeaseHeld, LeaseLost, LeaseNotFound
 from ._clock import Proc, ProcessProbe
-from ._models import MAX_TTL, MIN_TTL, LeaseInfo, LeaseState, LeaseStatus
+from ._models import MAX_TTL, MIN_TTL, LeaseInfo, LeaseState, LeaseStatus, lease_state
 from ._rule import QueueEntry, blockers, grant_order
 
 State = Literal["waiting", "granted"]
@@ -147,24 +147,36 @@ class Table:
 
     def grant(self, now: float) -> list[Req]:
         """Apply the grant rule; newly granted requests get the next tokens in rank order."""
+        waiting = [r for r in self.reqs.values() if r.state != "granted"]
+        if not waiting:
+            return []
+        if len(waiting) == 1:
+            # the common case (a new request, nobody else waiting): what grant_order decides
+            # for a lone waiter, that it is granted unless a holder of its tenant has one of
+            # its resources
+            w = waiting[0]
+            mine = set(w.resources)
+            for o in self.reqs.values():
+                if o is not w and o.tenant == w.tenant and not mine.isdisjoint(o.resources):
+                    return []
+            return [self._grant_one(w, now)]
         queue = [
             QueueEntry(
                 r.rank, frozenset(f"{r.tenant}\x00{x}" for x in r.resources), r.state == "granted"
             )
             for r in self.reqs.values()
         ]
-        out = []
-        for rank in grant_order(queue):
-            r = self.reqs[rank]
-            r.state, r.token, r.granted_at = "granted", self.next_token, now
-            # the holder has one TTL from the hand-off to notice (it may be restarting)
-            r.expires = now + r.ttl
-            r.acked = False
-            self.next_token += 1
-            self.meta_dirty = True
-            self.dirty.add(rank)
-            out.append(r)
-        return out
+        return [self._grant_one(self.reqs[rank], now) for rank in grant_order(queue)]
+
+    def _grant_one(self, r: Req, now: float) -> Req:
+        r.state, r.token, r.granted_at = "granted", self.next_token, now
+        # the holder has one TTL from the hand-off to notice (it may be restarting)
+        r.expires = now + r.ttl
+        r.acked = False
+        self.next_token += 1
+        self.meta_dirty = True
+        self.dirty.add(r.rank)
+        return r
 
     # -- operations -----------------------------------------------------------------------------
 
@@ -316,18 +328,20 @@ class Table:
                     and p.pid != r.proc.pid
                 ):
                     watch.append(p.pid)
-        return LeaseState(
-            lease_id=r.id,
-            rank=r.rank,
-            owner=r.owner,
-            resources=r.resources,
-            state="granted" if r.state == "granted" else "waiting_on_lock",
-            token=r.token,
-            ttl=r.ttl,
-            expires_in=r.expires - now,
-            key=r.key,
-            wake_in=wake_in,
-            watch_pids=tuple(sorted(set(watch))[:MAX_WATCH]),
+        return lease_state(
+            {
+                "lease_id": r.id,
+                "rank": r.rank,
+                "owner": r.owner,
+                "resources": r.resources,
+                "state": "granted" if r.state == "granted" else "waiting_on_lock",
+                "token": r.token,
+                "ttl": r.ttl,
+                "expires_in": r.expires - now,
+                "key": r.key,
+                "wake_in": wake_in,
+                "watch_pids": tuple(sorted(set(watch))[:MAX_WATCH]),
+            }
         )
 
     def status(self, tenant: str, now: float, wall: float) -> LeaseStatus:

@@ -56,7 +56,8 @@ class MemoryLeases(TableBackend):
     async def aclose(self) -> None:
         return None
 
-    async def _transact(self, fn: Callable[[Table], T]) -> T:
+    async def _transact(self, fn: Callable[[Table], T], *, shield: bool = False) -> T:
+        # never suspends: nothing can cancel it halfway, shielded or not
         with self.data.lock:
             t = self.data.table
             # work on a copy: an unexpected exception halfway leaves the table as it was,

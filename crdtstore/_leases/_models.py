@@ -37,6 +37,47 @@ class LeaseState(BaseModel):
         return self.state == "granted"
 
 
+_STATE_FIELDS = frozenset(LeaseState.model_fields)
+_object_setattr = object.__setattr__
+
+
+def _construct_state(values: dict[str, object]) -> LeaseState:
+    # what ``model_construct`` does for a model without aliases, defaults to fill, extras or
+    # private attributes, minus its generality (it costs more than validating)
+    m = LeaseState.__new__(LeaseState)
+    _object_setattr(m, "__dict__", values)
+    _object_setattr(m, "__pydantic_fields_set__", set(_STATE_FIELDS))
+    _object_setattr(m, "__pydantic_extra__", None)
+    _object_setattr(m, "__pydantic_private__", None)
+    return m
+
+
+def _construct_ok() -> bool:
+    values: dict[str, object] = {
+        "lease_id": "0" * 16, "rank": 1, "owner": "o", "resources": ("a",), "state": "granted",
+        "token": 1, "ttl": 1.0, "expires_in": 1.0, "key": ("s", 1), "wake_in": None,
+        "watch_pids": (),
+    }  # fmt: skip
+    fast, slow = _construct_state(dict(values)), LeaseState.model_validate(values)
+    return (
+        set(values) == _STATE_FIELDS
+        and fast == slow
+        and fast.model_dump() == slow.model_dump()
+        and fast.model_fields_set == slow.model_fields_set
+    )
+
+
+_CONSTRUCT_OK = _construct_ok()  # False only if a pydantic release changed its internals
+
+
+def lease_state(values: dict[str, object]) -> LeaseState:
+    """A ``LeaseState`` from values the lease engine built itself (every field, of the right
+    type), without validating them again: this is on the path of every lease transition."""
+    if _CONSTRUCT_OK:
+        return _construct_state(values)
+    return LeaseState.model_validate(values)  # pragma: no cover
+
+
 class LeaseInfo(BaseModel):
     """One request in :class:`LeaseStatus`."""
 

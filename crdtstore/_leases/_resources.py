@@ -7,6 +7,7 @@ must map to one string: ``./a/../b``, ``b/`` and ``b`` are all ``b``. Work items
 
 from __future__ import annotations
 
+import functools
 import posixpath
 from collections.abc import Iterable
 
@@ -59,12 +60,21 @@ def canonical_resources(resources: Iterable[object] | str) -> tuple[str, ...]:
     if isinstance(resources, str):
         # a bare string would iterate as characters: a classic, silent mistake
         raise InvalidResource(resources, "expected a list of resources, not a string")
+    if isinstance(resources, (list, tuple)) and len(resources) == 1:
+        (one,) = resources
+        if type(one) is str:
+            return _one_resource(one)  # the common case, cached
     out = sorted({canonical_resource(r) for r in resources})
     if not out:
         raise InvalidResource([], "empty resource set")
     if len(out) > MAX_RESOURCES:
         raise InvalidResource(f"{len(out)} resources", f"more than {MAX_RESOURCES} in one request")
     return tuple(out)
+
+
+@functools.lru_cache(maxsize=1024)
+def _one_resource(resource: str) -> tuple[str, ...]:
+    return (canonical_resource(resource),)
 
 
 def item_resource(collection: str, item_id: str) -> str:

@@ -1,23 +1,42 @@
-"""The SQLite lease backend: lease tables in the store file, next to the journal.
+"""The SQLite lease backend: the lease table in the store file, next to the journal.
 
 Living in the same file is the point: a write to the record that carries a lease runs
 :func:`check_fence` inside the same ``BEGIN IMMEDIATE`` transaction as the journal append, so
 no grant can change between the check and the write.
 
-Each transition loads the lease rows (a handful: holders and waiters, never history), applies
-the :mod:`._engine` transition and writes back only what changed, all in one transaction on
-the journal's writer connection. The tables are created on first use.
+Every transition is one ``BEGIN IMMEDIATE`` transaction that applies the :mod:`._engine`
+transition to the lease rows (a handful: holders and waiters, never history) and writes back
+only what changed. It is built to cost little more than the bare transaction:
+
+- it runs on the lease connection (:meth:`SQLiteJournal.lease_connection`, busy timeout 0),
+  inline on the event loop thread: a transition is tens of microseconds, less than the hop to
+  a worker thread. When another connection holds the write lock, ``BEGIN IMMEDIATE`` fails at
+  once and the transition retries after a short, growing sleep (0.1 ms .. 4 ms) that does not
+  block the event loop, for up to 30 s like the journal's own busy timeout;
+- the rows are kept in memory between transitions. ``PRAGMA data_version`` (read inside the
+  transaction, under the write lock) changes whenever another connection, in this process or
+  another, committed anything to the file; only then are the rows read again. A transition
+  that fails for any reason rolls back and drops the cached rows;
+- the requests and the two counters (next rank, next token) are rows of one table without
+  secondary indexes (the counters are the row with rank 0), so a transition usually writes a
+  single b-tree page: the WAL frame per commit is most of the cost of a small transaction.
+
+The table is created on first use; a store written by an earlier version (``lease_requests``
+plus ``lease_counters``) is migrated in the same transaction.
 """
 
 from __future__ import annotations
 
+import functools
 import json
-import os
 import sqlite3
+import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import anyio.lowlevel
+import anyio
+import anyio.to_thread
 
 from .._backends.sqlite import SQLiteJournal
 from .._errors import BackendError, LeaseLost
@@ -26,41 +45,47 @@ from ._clock import Clock, Proc, ProcessProbe, SystemClock
 from ._engine import Req, Table, fence_error
 
 T = TypeVar("T")
-_BUSY = object()
-_BUSY_TIMEOUT_MS = 30_000  # the journal's connections use timeout=30.0
+_BUSY: Any = object()
+BUSY_TIMEOUT = 30.0  # seconds, as the journal's connections (timeout=30.0)
+_FIRST_RETRY = 0.0001
+_MAX_RETRY = 0.004
+_SQLITE_BUSY, _SQLITE_LOCKED = 5, 6
 
-_TABLES = (
-    """CREATE TABLE IF NOT EXISTS lease_requests (
-        rank INTEGER PRIMARY KEY,
-        id TEXT NOT NULL UNIQUE,
-        tenant TEXT NOT NULL,
-        owner TEXT NOT NULL,
-        step TEXT,
-        attempt INTEGER,
-        resources TEXT NOT NULL,
-        state TEXT NOT NULL,
-        token INTEGER,
-        ttl REAL NOT NULL,
-        host TEXT,
-        boot TEXT,
-        pid INTEGER,
-        pstart INTEGER,
-        acked INTEGER NOT NULL,
-        created REAL NOT NULL,
-        clock_boot TEXT NOT NULL,
-        requested REAL NOT NULL,
-        granted_at REAL,
-        expires REAL NOT NULL
-    )""",
-    "CREATE UNIQUE INDEX IF NOT EXISTS lease_requests_key"
-    " ON lease_requests (tenant, owner, step, attempt)",
-    "CREATE TABLE IF NOT EXISTS lease_counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
-)
+TABLE = "lease_table"
+_CREATE = f"""CREATE TABLE IF NOT EXISTS {TABLE} (
+    rank INTEGER PRIMARY KEY,  -- 0: the counters row (next_rank, next_token); else a request
+    id TEXT,
+    tenant TEXT,
+    owner TEXT,
+    step TEXT,
+    attempt INTEGER,
+    resources TEXT,
+    state TEXT,
+    token INTEGER,
+    ttl REAL,
+    host TEXT,
+    boot TEXT,
+    pid INTEGER,
+    pstart INTEGER,
+    acked INTEGER,
+    created REAL,
+    clock_boot TEXT,
+    requested REAL,
+    granted_at REAL,
+    expires REAL,
+    next_rank INTEGER,
+    next_token INTEGER
+)"""
 _COLS = (
     "rank, id, tenant, owner, step, attempt, resources, state, token, ttl, host, boot, pid,"
     " pstart, acked, created, clock_boot, requested, granted_at, expires"
 )
-_INSERT = f"INSERT OR REPLACE INTO lease_requests ({_COLS}) VALUES ({', '.join('?' * 20)})"
+_SELECT = f"SELECT {_COLS}, next_rank, next_token FROM {TABLE}"
+_SELECT_ID = f"SELECT {_COLS} FROM {TABLE} WHERE id = ?"
+_INSERT = f"INSERT OR REPLACE INTO {TABLE} ({_COLS}) VALUES ({', '.join('?' * 20)})"
+_DELETE = f"DELETE FROM {TABLE} WHERE rank = ?"
+_COUNTERS = f"UPDATE {TABLE} SET next_rank = ?, next_token = ? WHERE rank = 0"
+_dumps = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def _req(row: Any) -> Req:
@@ -86,45 +111,79 @@ def _req(row: Any) -> Req:
     )
 
 
+@functools.lru_cache(maxsize=256)
+def _resources_json(resources: tuple[str, ...]) -> str:
+    return _dumps(resources)
+
+
 def _row(r: Req) -> tuple[Any, ...]:
     p = r.proc
     return (
-        r.rank, r.id, r.tenant, r.owner, r.step, r.attempt,
-        json.dumps(r.resources, separators=(",", ":")), r.state, r.token, r.ttl,
-        p.host if p else None, p.boot if p else None, p.pid if p else None,
+        r.rank, r.id, r.tenant, r.owner, r.step, r.attempt, _resources_json(r.resources), r.state,
+        r.token, r.ttl, p.host if p else None, p.boot if p else None, p.pid if p else None,
         p.start if p else None, int(r.acked), r.created, r.clock_boot, r.requested,
         r.granted_at, r.expires,
     )  # fmt: skip
 
 
 def create_tables(db: sqlite3.Connection) -> None:
-    """Create the lease tables if missing (inside the caller's transaction: DDL is
-    transactional in SQLite)."""
-    for stmt in _TABLES:
-        db.execute(stmt)
+    """Create the lease table if missing, migrating the tables of earlier versions (inside the
+    caller's transaction: DDL is transactional in SQLite)."""
+    db.execute(_CREATE)
+    old = {
+        row[0]
+        for row in db.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table'"
+            " AND name IN ('lease_requests', 'lease_counters')"
+        )
+    }
+    counters: dict[str, int] = {}
+    if "lease_requests" in old:
+        db.execute(f"INSERT OR IGNORE INTO {TABLE} ({_COLS}) SELECT {_COLS} FROM lease_requests")
+        db.execute("DROP TABLE lease_requests")
+    if "lease_counters" in old:
+        counters = dict(db.execute("SELECT name, value FROM lease_counters").fetchall())
+        db.execute("DROP TABLE lease_counters")
+    db.execute(
+        f"INSERT OR IGNORE INTO {TABLE} (rank, next_rank, next_token) VALUES (0, ?, ?)",
+        (counters.get("rank", 1), counters.get("token", 1)),
+    )
+    if counters:
+        # the counters never go back, not even below a request that a bug left behind
+        db.execute(
+            f"UPDATE {TABLE} SET next_rank = max(next_rank, ?, (SELECT max(rank) + 1 FROM"
+            f" {TABLE})), next_token = max(next_token, ?, (SELECT coalesce(max(token), 0) + 1"
+            f" FROM {TABLE})) WHERE rank = 0",
+            (counters.get("rank", 1), counters.get("token", 1)),
+        )
 
 
-def load_table(db: sqlite3.Connection) -> Table:
+def load_table(db: sqlite3.Connection | sqlite3.Cursor) -> Table:
+    """The lease rows and counters (inside the caller's transaction)."""
     t = Table()
-    for row in db.execute(f"SELECT {_COLS} FROM lease_requests"):
-        r = _req(row)
-        t.reqs[r.rank] = r
-    counters = dict(db.execute("SELECT name, value FROM lease_counters").fetchall())
-    t.next_rank = counters.get("rank", 1)
-    t.next_token = counters.get("token", 1)
+    for row in db.execute(_SELECT):
+        if row[0] == 0:
+            t.next_rank, t.next_token = row[20], row[21]
+        else:
+            r = _req(row)
+            t.reqs[r.rank] = r
     return t
 
 
-def save_table(db: sqlite3.Connection, t: Table) -> None:
+def save_table(db: sqlite3.Connection | sqlite3.Cursor, t: Table) -> None:
+    """Write what changed since the table was loaded or last saved."""
     if t.removed:
-        db.executemany("DELETE FROM lease_requests WHERE rank = ?", [(k,) for k in t.removed])
+        if len(t.removed) == 1:
+            db.execute(_DELETE, (next(iter(t.removed)),))
+        else:
+            db.executemany(_DELETE, [(k,) for k in t.removed])
     if t.dirty:
-        db.executemany(_INSERT, [_row(t.reqs[k]) for k in sorted(t.dirty)])
+        if len(t.dirty) == 1:
+            db.execute(_INSERT, _row(t.reqs[next(iter(t.dirty))]))
+        else:
+            db.executemany(_INSERT, [_row(t.reqs[k]) for k in sorted(t.dirty)])
     if t.meta_dirty:
-        db.executemany(
-            "INSERT OR REPLACE INTO lease_counters (name, value) VALUES (?, ?)",
-            [("rank", t.next_rank), ("token", t.next_token)],
-        )
+        db.execute(_COUNTERS, (t.next_rank, t.next_token))
     t.clean()
 
 
@@ -152,7 +211,7 @@ def check_fence(
     """
     clock = clock if clock is not None else _SYSTEM_CLOCK
     try:
-        row = db.execute(f"SELECT {_COLS} FROM lease_requests WHERE id = ?", (lease_id,)).fetchone()
+        row = db.execute(_SELECT_ID, (lease_id,)).fetchone()
     except sqlite3.OperationalError as exc:
         if "no such table" not in str(exc):
             raise
@@ -165,8 +224,15 @@ def check_fence(
         raise err
 
 
+def _is_busy(exc: sqlite3.OperationalError) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is None:  # pragma: no cover - Python < 3.11
+        return "locked" in str(exc) or "busy" in str(exc)
+    return code & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED)
+
+
 class SQLiteLeases(TableBackend):
-    """Leases in the SQLite store file of ``journal``, on its connections."""
+    """Leases in the SQLite store file of ``journal``, on its lease connection."""
 
     name = "sqlite"
 
@@ -180,6 +246,14 @@ class SQLiteLeases(TableBackend):
         super().__init__(clock=clock, probe=probe)
         self.journal = journal
         self._ready = False
+        # the rows as of the last transition on connection _cached_db, valid while that
+        # connection's data_version is still _cached_dv
+        self._cached: Table | None = None
+        self._cached_db: sqlite3.Connection | None = None
+        self._cached_dv = -1
+        self._lock = threading.Lock()  # one transition at a time on the lease connection
+        self._cursor: sqlite3.Cursor | None = None  # reused: a cursor per statement costs
+        self._cursor_db: sqlite3.Connection | None = None
 
     async def open(self) -> None:
         await self.journal.open()
@@ -187,64 +261,81 @@ class SQLiteLeases(TableBackend):
 
     async def aclose(self) -> None:
         self._ready = False
+        self._cached = self._cached_db = None
+        self._cursor = self._cursor_db = None
 
-    async def _ensure(self) -> None:
+    async def _ensure(self) -> sqlite3.Connection:
         if not self._ready:
             await self.journal._write(create_tables)
             self._ready = True
+        db = self.journal._lease_db
+        if db is None:
+            db = await anyio.to_thread.run_sync(self.journal.lease_connection)
+        return db
 
-    async def _transact(self, fn: Callable[[Table], T]) -> T:
-        await self._ensure()
+    async def _transact(self, fn: Callable[[Table], T], *, shield: bool = False) -> T:
+        db = self.journal._lease_db if self._ready else None
+        if db is None:
+            db = await self._ensure()
+        # No checkpoint on the fast path: the transaction runs to its commit without
+        # suspending, so cancellation can only land before it starts or after the caller
+        # got its result (in its next checkpoint), never between commit and caller.
+        out = self._attempt(db, fn)
+        if out is _BUSY:
+            with anyio.CancelScope(shield=shield):
+                out = await self._retry(fn)
+        return out
 
-        def tx(db: sqlite3.Connection) -> T:
-            t = load_table(db)
-            out = fn(t)
-            save_table(db, t)
-            return out
-
-        await anyio.lowlevel.checkpoint()  # cancellation lands before the commit, never after
-        fast = self._try_inline(tx)
-        if fast is not _BUSY:
-            return fast  # type: ignore[return-value]
-        return await self.journal._write(tx)
-
-    def _try_inline(self, tx: Callable[[sqlite3.Connection], T]) -> T | object:
-        """Run ``tx`` on the event loop thread when the write lock is free right now.
-
-        A lease transition is a few rows and a commit without fsync (WAL, synchronous=NORMAL):
-        tens of microseconds, less than the hop to a worker thread. Only when the connection
-        is idle here and SQLite grants the write lock without waiting (busy timeout 0) does it
-        run inline; otherwise ``_BUSY`` sends it the usual way, to wait in a worker thread.
-        """
-        j = self.journal
-        conn = j._w
-        if conn is None or os.getpid() != j._pid or conn.synchronous != "NORMAL":
-            return _BUSY
-        if not conn.lock.acquire(blocking=False):
-            return _BUSY
-        db = conn.db
-        try:
-            db.execute("PRAGMA busy_timeout = 0")
-            try:
-                db.execute("BEGIN IMMEDIATE")
-            except sqlite3.OperationalError:
-                return _BUSY  # another process holds the write lock
-            finally:
-                db.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
-            try:
-                out = tx(db)
-                db.execute("COMMIT")
+    async def _retry(self, fn: Callable[[Table], T]) -> T:
+        """Retry while another connection holds the write lock, sleeping between attempts."""
+        deadline = time.monotonic() + BUSY_TIMEOUT
+        delay = _FIRST_RETRY
+        while True:
+            await anyio.sleep(delay)
+            delay = min(delay * 2, _MAX_RETRY)
+            out = self._attempt(self.journal.lease_connection(), fn)
+            if out is not _BUSY:
                 return out
-            except sqlite3.Error as exc:
-                if db.in_transaction:
-                    db.execute("ROLLBACK")
+            if time.monotonic() >= deadline:
+                raise BackendError(
+                    "sqlite", f"database is locked (a lease transition waited {BUSY_TIMEOUT} s)"
+                )
+
+    def _attempt(self, db: sqlite3.Connection, fn: Callable[[Table], T]) -> T | Any:
+        """Run ``fn`` in one transaction now, or return ``_BUSY`` without waiting."""
+        if not self._lock.acquire(blocking=False):
+            return _BUSY
+        try:
+            cur = self._cursor
+            if cur is None or self._cursor_db is not db:
+                cur = self._cursor = db.cursor()
+                self._cursor_db = db
+            try:
+                cur.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                if _is_busy(exc):
+                    return _BUSY
                 raise BackendError("sqlite", f"{type(exc).__name__}: {exc}") from exc
-            except BaseException:
+            try:
+                dv = cur.execute("PRAGMA data_version").fetchone()[0]
+                t = self._cached
+                if t is None or self._cached_db is not db or self._cached_dv != dv:
+                    self._cached = None
+                    t = load_table(cur)
+                out = fn(t)
+                save_table(cur, t)
+                cur.execute("COMMIT")
+            except BaseException as exc:
+                self._cached = None
                 if db.in_transaction:
                     db.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.Error):
+                    raise BackendError("sqlite", f"{type(exc).__name__}: {exc}") from exc
                 raise
+            self._cached, self._cached_db, self._cached_dv = t, db, dv
+            return out
         finally:
-            conn.lock.release()
+            self._lock.release()
 
     async def _view(self, fn: Callable[[Table], T]) -> T:
         await self._ensure()
@@ -258,6 +349,27 @@ class SQLiteLeases(TableBackend):
                 db.execute("COMMIT")
 
         return await self.journal._read(read)
+
+    async def reap(self) -> int:
+        db = await self._ensure()
+        if self._cached_empty(db):
+            return 0  # nothing to reap: spare the write transaction
+        return await super().reap()
+
+    def _cached_empty(self, db: sqlite3.Connection) -> bool:
+        """True when the cached rows are current (nobody committed since) and hold nothing."""
+        t = self._cached
+        if t is None or t.reqs or self._cached_db is not db:
+            return False
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            dv = db.execute("PRAGMA data_version").fetchone()[0]
+        except sqlite3.Error:
+            return False
+        finally:
+            self._lock.release()
+        return bool(dv == self._cached_dv)
 
     async def check(self, tenant: str, lease_id: str, resource: str, token: int) -> None:
         await self._ensure()
