@@ -882,7 +882,7 @@ class Record:
                         self._stamps[op[1]] = self._stamps.get(op[1], 0) + 1
                     if not r.effect:  # raw bytes: anything may have changed
                         self._invalidate_all()
-        self.applied_seq = rows[-1].seq
+        self.applied_seq = max(self.applied_seq, rows[-1].seq)
         if self._subscribers:
             for r in foreign:
                 self._emit(r.effect, r.agent, r.source, r.seq, local=False)

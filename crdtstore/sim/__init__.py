@@ -54,10 +54,35 @@ from ._steps import step_from_json as step_from_json
 from ._steps import text_boundaries as text_boundaries
 from ._trace import Trace as Trace
 from ._trace import canon as canon
+from ._views import Cell as Cell
+from ._views import Contest as Contest
+from ._views import CountPoint as CountPoint
+from ._views import Delivery as Delivery
+from ._views import DiffEntry as DiffEntry
+from ._views import RecordDiff as RecordDiff
+from ._views import RecordTable as RecordTable
+from ._views import Timeline as Timeline
+from ._views import WriteMark as WriteMark
+from ._views import cells as cells
+from ._views import conflict_counts as conflict_counts
+from ._views import contests as contests
+from ._views import convergence_time as convergence_time
+from ._views import diff as diff
+from ._views import journal_diff as journal_diff
+from ._views import plot_counts as plot_counts
+from ._views import record_table as record_table
+from ._views import record_tree as record_tree
+from ._views import timeline as timeline
+from ._views import timeline_data as timeline_data
 
 __all__ = [
     "Append",
+    "Cell",
+    "Contest",
+    "CountPoint",
     "Delete",
+    "Delivery",
+    "DiffEntry",
     "Drain",
     "Heal",
     "InsertText",
@@ -65,21 +90,36 @@ __all__ = [
     "Message",
     "NetworkConfig",
     "Partition",
+    "RecordDiff",
+    "RecordTable",
     "Set",
     "SimConfig",
     "SimResult",
     "Simulation",
     "Step",
+    "Timeline",
     "Trace",
     "Violation",
     "Wait",
+    "WriteMark",
     "WriteRec",
     "agent_state",
     "canon",
+    "cells",
     "check_state",
+    "conflict_counts",
+    "contests",
+    "convergence_time",
     "decode_state_vector",
+    "diff",
+    "journal_diff",
+    "plot_counts",
     "random_script",
+    "record_table",
+    "record_tree",
     "simulate",
     "step_from_json",
     "text_boundaries",
+    "timeline",
+    "timeline_data",
 ]

@@ -1,0 +1,473 @@
+"""Build the notebooks of this folder from the cells below, execute them, save them with outputs.
+
+    .venv/bin/python notebooks/_build.py            # every notebook
+    .venv/bin/python notebooks/_build.py 02         # those whose name starts with 02
+
+The notebooks are committed with their outputs; ``tests/test_notebooks.py`` executes them
+again in CI. Edit the cells here, not in the .ipynb files, and rebuild. Notebook code uses the
+public API only (``import crdtstore``, ``from crdtstore import sim``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import nbformat
+from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.manager import KernelManager
+from nbclient import NotebookClient
+
+HERE = Path(__file__).resolve().parent
+CELL_TIMEOUT = 60
+
+SETUP = """\
+%matplotlib inline
+import crdtstore
+from crdtstore import sim"""
+
+NOTEBOOKS: dict[str, list[tuple[str, str]]] = {}
+
+NOTEBOOKS["01_merge_basics"] = [
+    (
+        "md",
+        """\
+# 01 · Merge basics: what merges, and what wins
+
+Three agents edit one record at the same time. Each agent has its own real `crdtstore`
+record (on its own `memory://` store); the simulator (`crdtstore.sim`) carries every write
+to the other agents over a simulated network (1 to 3 ticks per message). Nobody sees anyone
+else's write before making their own, so every write below is *concurrent*.
+
+- **maps** (`plan`): last writer wins *per key*; different keys never conflict;
+- **lists** (`log`): every concurrent append survives;
+- **texts** (`notes`): every concurrent insert survives, character by character.""",
+    ),
+    ("code", "%matplotlib inline\nfrom crdtstore import sim"),
+    (
+        "code",
+        """\
+script = [
+    sim.Set(0, "plan", "owner", "alice"),
+    sim.Set(1, "plan", "owner", "bob"),
+    sim.Set(2, "plan", "deadline", "friday"),
+    sim.Append(0, "log", "a0 looked at the cache"),
+    sim.Append(1, "log", "a1 profiled the build"),
+    sim.Append(2, "log", "a2 read the docs"),
+    sim.InsertText(0, "notes", "cache is cold. "),
+    sim.InsertText(1, "notes", "build is slow. "),
+    sim.Wait(2),
+    sim.InsertText(2, "notes", "docs are fine. ", at=0),
+    sim.Drain(),
+]
+config = sim.SimConfig(agents=3, seed=4, keep_all=())
+result = await sim.Simulation(config, script).run()
+print("invariants held:", result.ok, "| converged:", result.converged, "| ticks:", result.ticks)""",
+    ),
+    (
+        "md",
+        """\
+Every agent ends with the same record. The table shows it with provenance: who wrote each
+value, its position in the author's journal, the tick and the simulator's write id.""",
+    ),
+    ("code", "sim.record_table(result)"),
+    (
+        "md",
+        """\
+`owner` was written by `a0` and `a1` concurrently: one of them wins, the same one at every
+agent (Yjs picks by client id: arbitrary, but deterministic). `contests` lists such keys.
+The losing write is not gone from the system: it stays in its author's journal and in
+`history`. `deadline` was written by one agent only, so it merged without a contest.""",
+    ),
+    (
+        "code",
+        """\
+for c in sim.contests(result):
+    print(f"{c.collection}[{c.key!r}]: concurrent writes {c.values} by {c.agents}; "
+          f"kept {c.kept!r} (write #{c.winner})")""",
+    ),
+    (
+        "md",
+        """\
+Before the messages arrived, the agents disagreed. The trace holds every agent's state after
+each of its writes and deliveries; `sim.diff` compares two of them.""",
+    ),
+    (
+        "code",
+        """\
+first_state = {}
+for e in result.trace.of("write"):
+    first_state.setdefault(e["agent"], e["state"])  # what each agent held after its first write
+print(sim.diff(first_state["a0"], first_state["a1"]))""",
+    ),
+    (
+        "md",
+        """\
+The timeline: one lane per agent, a dot per write (coloured by collection kind), an arrow per
+delivery from the writer (at write time) to the receiver (when it applied the write).""",
+    ),
+    ("code", "sim.timeline(result)"),
+    (
+        "md",
+        """\
+A write made *after* seeing another one is not a conflict: it simply supersedes it. Here
+`a2` waits until it has `a0`'s value, then overwrites it; `contests` finds nothing.""",
+    ),
+    (
+        "code",
+        """\
+sequential = [
+    sim.Set(0, "plan", "owner", "alice"),
+    sim.Drain(),
+    sim.Set(2, "plan", "owner", "carol"),
+    sim.Drain(),
+]
+after = await sim.Simulation(config, sequential).run()
+print(after.states["a1"]["plan"], "| contests:", sim.contests(after))""",
+    ),
+]
+
+NOTEBOOKS["02_conflict_policies"] = [
+    (
+        "md",
+        """\
+# 02 · Conflict policies: `lww`, `keep_all`, `guarded`
+
+The same contested key under three policies. Two agents write `population` concurrently:
+
+- `lww` (the default): one value wins, the other stays only in the journal and `history`;
+- `keep_all`: a multi-value register keeps *both* as siblings until a later write, made
+  after seeing them, resolves them;
+- `guarded`: writes are conditional on the version the writer read; a write based on a
+  stale read is refused (`StaleVersion`) instead of merged.""",
+    ),
+    ("code", SETUP),
+    (
+        "code",
+        """\
+script = [
+    sim.Set(0, "lww", "population", 8_100_000),
+    sim.Set(1, "lww", "population", 7_900_000),
+    sim.Set(0, "facts", "population", 8_100_000),
+    sim.Set(1, "facts", "population", 7_900_000),
+    sim.Wait(6),
+    sim.Drain(),
+    sim.Wait(4),
+    # a0 has seen both siblings now: its write resolves them
+    sim.Set(0, "facts", "population", 8_100_000),
+    sim.Drain(),
+]
+config = sim.SimConfig(agents=2, seed=3, keep_all=("facts",))  # "facts" is keep_all
+result = await sim.Simulation(config, script).run()
+print("invariants held:", result.ok, "| converged:", result.converged)""",
+    ),
+    (
+        "md",
+        """\
+Right after the concurrent writes were delivered, before the resolving write: `lww` holds
+one value, `keep_all` holds two siblings, each with its author.""",
+    ),
+    (
+        "code",
+        """\
+resolving = max(e["t"] for e in result.trace.of("write"))
+before = [e for e in result.trace.of("write", "apply") if e["t"] < resolving][-1]
+sim.record_table(before["state"], keep_all=config.keep_all)""",
+    ),
+    ("code", "sim.record_table(result)  # after the resolving write: one sibling left"),
+    (
+        "md",
+        """\
+Siblings and conflicted keys over time, per agent: each agent sees the conflict once the
+other's write arrives, and it disappears everywhere once the resolving write is delivered.
+The grey line counts the distinct states the agents hold (1: converged).""",
+    ),
+    ("code", "sim.plot_counts(result)"),
+    (
+        "md",
+        """\
+## The `stale-lww` scenario
+
+A fact-checker corrects a value; a slow agent, working from what it read *before* the
+correction, finishes second and writes the old value back. These writes are not concurrent
+but sequential, so last-writer-wins keeps the stale value, silently. Here on real records
+sharing one `memory://` store.""",
+    ),
+    (
+        "md",
+        """\
+(Each cell runs as its own task in Jupyter, so a store and its records are opened and closed
+within one cell, with `async with`.)""",
+    ),
+    (
+        "code",
+        """\
+schema = {
+    "lww": crdtstore.CollectionSpec(kind="map"),
+    "guarded": crdtstore.CollectionSpec(kind="map", policy="guarded"),
+}
+async with (
+    crdtstore.open_store("memory://") as store,
+    store.open_record("r", "fact-checker", schema=schema) as checker,
+    store.open_record("r", "slow-agent", schema=schema) as slow,
+):
+    await checker.map("lww").set("population", 7_900_000)
+    await checker.flush()
+    await slow.sync()
+    seen = slow.map("lww")["population"]  # the slow agent reads 7.9M ...
+    await checker.map("lww").set("population", 8_100_000)  # ... the checker corrects it ...
+    await checker.flush()
+    await slow.sync()
+    await slow.map("lww").set("population", seen)  # ... and the slow agent writes back its read
+    await slow.flush()
+    await checker.sync()
+    print("lww keeps:", checker.map("lww")["population"])
+    for h in await checker.history("lww", "population"):
+        print(f"  history: {h.value:>9,} by {h.provenance.agent} (seq {h.provenance.seq})")
+
+    # guarded: every write names the version it is based on
+    await checker.map("guarded").set("population", 7_900_000, expected_version=0)
+    await checker.flush()
+    await slow.sync()
+    _, seen_version = slow.map("guarded").get_versioned("population")
+    _, v = checker.map("guarded").get_versioned("population")
+    await checker.map("guarded").set("population", 8_100_000, expected_version=v)
+    try:
+        await slow.map("guarded").set("population", 7_900_000, expected_version=seen_version)
+    except crdtstore.StaleVersion as err:
+        print("guarded refuses the stale write:", type(err).__name__,
+              "| current value:", f"{err.current_value:,}")
+    await slow.sync()
+    print("guarded keeps:", slow.map("guarded")["population"])
+    print()
+    print(sim.record_tree(slow))""",
+    ),
+    (
+        "md",
+        """\
+Under `guarded` the slow agent's write was refused, and the error carried the current value
+so that it can decide again. Under `keep_all` (above) the correction would have survived as
+a sibling next to the stale value, for a later write to resolve.""",
+    ),
+]
+
+NOTEBOOKS["03_partitions_and_resume"] = [
+    (
+        "md",
+        """\
+# 03 · Partitions, healing, and resuming from the journal
+
+Four agents on a lossy network (messages lost 20% of the time and retransmitted,
+duplicated, reordered). At tick 5 the network splits into {a0, a1} and {a2, a3}; both sides
+keep working; at tick 30 the partition heals. How long until everybody agrees again?""",
+    ),
+    ("code", "%matplotlib inline\nimport random\n\nimport crdtstore\nfrom crdtstore import sim"),
+    (
+        "code",
+        """\
+rng = random.Random(1)
+script = [sim.Wait(5), sim.Partition(((0, 1), (2, 3)))]
+for n in range(24):
+    a = n % 4
+    step = rng.choice([
+        sim.Set(a, "m", rng.choice("xyz"), f"a{a}.{n}"),
+        sim.Set(a, "k", rng.choice("xyz"), f"a{a}.{n}"),
+        sim.Append(a, "l", f"a{a}.{n}"),
+        sim.InsertText(a, "t", f"<a{a}.{n}>", at="boundary"),
+    ])
+    script += [step, sim.Wait(1)]
+script += [sim.Heal(), sim.Wait(2)]
+script += [sim.Set(0, "k", "x", "resolved by a0"), sim.Drain()]
+network = sim.NetworkConfig(sim.LinkSpec(delay=(1, 3), loss=0.2, duplicate=0.1, reorder=0.2))
+config = sim.SimConfig(agents=4, seed=2, network=network)
+result = await sim.Simulation(config, script).run()
+timeline = sim.timeline_data(result)
+print("invariants held:", result.ok, "| converged:", result.converged)
+print("partitioned during ticks", timeline.partitions)
+print("writes per agent:", timeline.writes_per_agent())
+print("lost transmissions:", len(timeline.losses), "| deliveries:", len(timeline.deliveries))
+print("converged for good from tick", sim.convergence_time(result))""",
+    ),
+    (
+        "md",
+        """\
+The shaded band is the partition: arrows never cross it while it lasts (red crosses are lost
+transmissions, retransmitted later); after the heal, the backlog flows across.""",
+    ),
+    ("code", "sim.timeline(result)"),
+    ("code", "sim.plot_counts(result)"),
+    (
+        "md",
+        """\
+Just before the heal, the two sides hold different records. The diff between `a0` and `a2`
+at that moment:""",
+    ),
+    (
+        "code",
+        """\
+heal = timeline.partitions[0][1]
+last = {}
+for e in result.trace.of("write", "apply"):
+    if e["t"] < heal:
+        last[e["dst"] if e["ev"] == "apply" else e["agent"]] = e["state"]
+sim.diff(last["a0"], last["a2"], keep_all=config.keep_all)""",
+    ),
+    (
+        "md",
+        """\
+## Resuming from the journal, in any order
+
+The journal is the resume log. Here three real records share one store and write
+concurrently; then we rebuild the record from the journal entries *shuffled*. Merging
+the entries into one update (`crdtstore.tree_merge`; Yjs merges commute) and applying it
+gives the same record whatever the order. Applying them one at a time out of causal order
+is a different matter with pycrdt 0.14 (see *causal delivery* in `crdtstore.sim`'s docs):
+we count how often that matches too.""",
+    ),
+    (
+        "code",
+        """\
+async with crdtstore.open_store("memory://") as store:
+    async with (
+        store.open_record("r", "agent0") as r0,
+        store.open_record("r", "agent1") as r1,
+        store.open_record("r", "agent2") as r2,
+    ):
+        recs = [r0, r1, r2]
+        for n in range(8):
+            for i, rec in enumerate(recs):
+                await rec.map("m").set(f"k{n % 3}", f"{i}.{n}")
+                await rec.list("l").append(f"{i}.{n}")
+                await rec.text("t").insert(0, f"<{i}.{n}>")
+            if n % 3 == 0:
+                for rec in recs:
+                    await rec.flush()
+                    await rec.sync()
+        for rec in recs:
+            await rec.flush()
+        for rec in recs:
+            await rec.sync()
+        entries = await store.journal("r", limit=10_000)
+        reference = (await store.replay("r")).to_dict()
+        print(len(entries), "journal entries; every record equals the replay:",
+              all(rec.to_dict() == reference for rec in recs))
+
+    merged_ok = one_by_one_ok = 0
+    for seed in range(20):
+        shuffled = entries[:]
+        random.Random(seed).shuffle(shuffled)
+        merged = crdtstore.Replica()
+        merged.apply_update(crdtstore.tree_merge([e.update for e in shuffled]))
+        merged_ok += merged.to_dict() == reference
+        single = crdtstore.Replica()
+        for e in shuffled:
+            single.apply_update(e.update)
+        one_by_one_ok += single.to_dict() == reference
+    print(f"merged, shuffled: {merged_ok}/20 equal; one at a time, shuffled: {one_by_one_ok}/20")
+
+    # time travel: the record at every journal position
+    sizes = {"m": [], "l": [], "t": []}
+    for seq in range(1, len(entries) + 1):
+        past = (await store.replay("r", until=seq)).to_dict()
+        for name in sizes:
+            sizes[name].append(len(past.get(name, "")))
+    middle = len(entries) // 2
+    middle_tree = sim.record_tree(await store.replay("r", until=middle), width=30)
+    next_five = await sim.journal_diff(store, "r", middle, middle + 5)""",
+    ),
+    (
+        "md",
+        """\
+## Time travel
+
+`store.replay(run, until=seq)` rebuilds the record as it was at any journal position, with
+provenance (the cell above replayed every position). The size of each collection along the
+journal:""",
+    ),
+    (
+        "code",
+        """\
+from matplotlib.figure import Figure
+
+fig = Figure(figsize=(8, 3), layout="constrained")
+ax = fig.add_subplot()
+for name, label in (("m", "map keys"), ("l", "list items"), ("t", "text characters / 10")):
+    ys = [v / 10 for v in sizes[name]] if name == "t" else sizes[name]
+    ax.step(range(1, len(entries) + 1), ys, where="post", label=label)
+ax.set_xlabel("journal position")
+ax.legend()
+fig""",
+    ),
+    (
+        "code",
+        """\
+print(f"the record at journal position {middle}:")
+print(middle_tree)
+print()
+print("what the next five entries changed:")
+print(next_five)""",
+    ),
+]
+
+
+def kernel_manager(spec_root: Path) -> KernelManager:
+    """A kernel manager that runs this interpreter (the venv's) whatever kernelspecs the
+    machine has: a private kernelspec pointing at ``sys.executable``."""
+    spec = spec_root / "kernels" / "crdtstore-venv"
+    spec.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    (spec / "kernel.json").write_text(
+        json.dumps({"argv": argv, "display_name": "Python 3", "language": "python"})
+    )
+    ksm = KernelSpecManager(kernel_dirs=[str(spec_root / "kernels")])
+    return KernelManager(kernel_name="crdtstore-venv", kernel_spec_manager=ksm)
+
+
+def execute(nb: nbformat.NotebookNode, spec_root: Path) -> None:
+    """Execute ``nb`` in place (cwd: this folder); raises on the first failing cell."""
+    client = NotebookClient(
+        nb,
+        km=kernel_manager(spec_root),
+        timeout=CELL_TIMEOUT,
+        record_timing=False,
+        resources={"metadata": {"path": str(HERE)}},
+    )
+    client.execute()
+
+
+def build(name: str, cells: list[tuple[str, str]]) -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
+    nb.metadata["language_info"] = {"name": "python"}
+    for i, (kind, source) in enumerate(cells):
+        cell = (nbformat.v4.new_markdown_cell if kind == "md" else nbformat.v4.new_code_cell)(
+            source
+        )
+        cell["id"] = f"{name[:2]}-{i:02d}"  # stable ids: rebuilding changes only what changed
+        nb.cells.append(cell)
+    return nb
+
+
+def main(argv: list[str]) -> int:
+    selected = [n for n in NOTEBOOKS if not argv or any(n.startswith(a) for a in argv)]
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in selected:
+            nb = build(name, NOTEBOOKS[name])
+            start = time.perf_counter()
+            execute(nb, Path(tmp))
+            elapsed = time.perf_counter() - start
+            nbformat.validate(nb)
+            nbformat.write(nb, HERE / f"{name}.ipynb")
+            print(f"{name}.ipynb: executed in {elapsed:.1f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
