@@ -24,6 +24,7 @@ from ._journal import (
     JournalBackend,
     JournalEntry,
     NewEntry,
+    Row,
     RunInfo,
     RunRow,
     SnapshotRow,
@@ -299,7 +300,27 @@ class Store:
         from ._values import from_stored
 
         out = []
-        for row in await self._backend.history(self.tenant, run, collection, key):
+        rows = await self._backend.history(self.tenant, run, collection, key)
+        seen = {row.seq for row in rows}
+        config = await self._backend.get_config(self.tenant, run)
+        for note in config.get("redactions", []):
+            if (note["collection"], note["key"]) == (collection, key) and note["seq"] not in seen:
+                effect = [["map", collection, "redact", key, note.get("reason", "")]]
+                rows.append(
+                    Row(
+                        note["seq"],
+                        note["agent"],
+                        "system",
+                        0,
+                        note["wall_time"],
+                        b"",
+                        effect,
+                        0,
+                        "" if note["run"] == run else note["run"],
+                    )
+                )
+        rows.sort(key=lambda r: r.seq)
+        for row in rows:
             prov = Provenance(
                 run=row.origin or run,
                 agent=row.agent,
@@ -455,7 +476,9 @@ class Store:
             await rec.map(collection).delete(key)
         result = await self.compact(root, drop_journal=True)
         marker = b"\x00\x00"  # an empty update: the entry only carries its effect
-        await self._backend.append(
+        now = time.time()
+        origin = "" if run == root else run
+        (seq,) = await self._backend.append(
             self.tenant,
             root,
             [
@@ -463,14 +486,30 @@ class Store:
                     agent,
                     "system",
                     0,
-                    time.time(),
+                    now,
                     marker,
                     [["map", collection, "redact", key, reason]],
                     checksum(marker),
-                    "" if run == root else run,
+                    origin,
                 )
             ],
             durable=True,
+        )
+        # the run's config keeps every redaction too: a later compaction that drops the
+        # journal prefix must not drop the record that a value was removed, and by whom
+        note = {
+            "seq": seq,
+            "collection": collection,
+            "key": key,
+            "agent": agent,
+            "wall_time": now,
+            "reason": reason,
+            "run": origin or root,
+        }
+        await self._backend.update_config(
+            self.tenant,
+            root,
+            lambda config: {**config, "redactions": [*config.get("redactions", []), note]},
         )
         self._notifier.notify(self.tenant, root)
         return result
