@@ -1,0 +1,173 @@
+"""Local write rate through a record on ``memory://`` against raw pycrdt doing the same
+transactions with update capture (``doc.observe`` keeping ``event.update``).
+
+    python bench/local_write.py            # 100k writes, best of 5 runs
+    python bench/local_write.py --quick    # 20k writes, best of 3 runs
+
+Variants (each the best of ``--repeats`` runs, fresh document/store every run, raw and record
+runs interleaved; the best run is the one least disturbed by other load, as ``timeit`` does):
+
+- one ``Map.set`` per transaction: ``await rec.map("m").set(f"k{i}", i)`` vs
+  ``with doc.transaction(): m[f"k{i}"] = i``;
+- 1,000 sets per transaction: ``async with rec.transaction():`` around 1,000 ``await set``;
+- 1,000 sets per call: ``await rec.map("m").update({...})`` (same journal entries as above).
+
+The record's time runs until ``await rec.flush()`` returns (the memory journal holds every entry).
+Target: record >= 0.5x raw pycrdt in every variant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+from _common import Result, fmt, header, table
+from pycrdt import Doc, Map
+
+import crdtstore
+
+TARGET = 0.5
+BATCH = 1000
+
+
+def raw_pycrdt(n: int, batch: int) -> tuple[float, float]:
+    """Wall and CPU seconds for ``n`` map sets in transactions of ``batch``, capturing every
+    update."""
+    doc: Doc[Any] = Doc()
+    m = doc.get("m", type=Map)
+    updates: list[bytes] = []
+    doc.observe(lambda event: updates.append(event.update))
+    gc.collect()
+    c0, t0 = time.process_time(), time.perf_counter()
+    if batch == 1:
+        for i in range(n):
+            with doc.transaction():
+                m[f"k{i}"] = i
+    else:
+        for start in range(0, n, batch):
+            with doc.transaction():
+                for i in range(start, min(start + batch, n)):
+                    m[f"k{i}"] = i
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+    assert len(updates) == -(-n // batch), len(updates)
+    return seconds, cpu
+
+
+async def _with_record(
+    n: int, body: Callable[[crdtstore.Record, int], Awaitable[None]]
+) -> tuple[float, float]:
+    async with (
+        crdtstore.open_store("memory://") as store,
+        store.open_record("bench", "writer", "tool") as rec,
+    ):
+        rec.map("m")  # resolve the collection outside the timed part, as raw does
+        gc.collect()
+        c0, t0 = time.process_time(), time.perf_counter()
+        await body(rec, n)
+        await rec.flush()
+        seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+        assert len(rec.map("m")) == n, len(rec.map("m"))
+    return seconds, cpu
+
+
+async def rec_single(rec: crdtstore.Record, n: int) -> None:
+    m = rec.map("m")
+    for i in range(n):
+        await m.set(f"k{i}", i)
+
+
+async def rec_txn(rec: crdtstore.Record, n: int) -> None:
+    m = rec.map("m")
+    for start in range(0, n, BATCH):
+        async with rec.transaction():
+            for i in range(start, min(start + BATCH, n)):
+                await m.set(f"k{i}", i)
+
+
+async def rec_update(rec: crdtstore.Record, n: int) -> None:
+    m = rec.map("m")
+    for start in range(0, n, BATCH):
+        await m.update({f"k{i}": i for i in range(start, min(start + BATCH, n))})
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="20k writes, 3 repeats")
+    ap.add_argument("-n", type=int, default=None, help="writes per run (default 100k)")
+    ap.add_argument("--repeats", type=int, default=None, help="runs per variant (default 5)")
+    ap.add_argument("--backend", default="asyncio", choices=["asyncio", "trio"])
+    args = ap.parse_args(argv)
+    n = args.n or (20_000 if args.quick else 100_000)
+    repeats = args.repeats or (3 if args.quick else 5)
+    header("local_write: record on memory:// vs raw pycrdt with update capture", args)
+
+    def run_rec(body: Callable[[crdtstore.Record, int], Awaitable[None]]) -> tuple[float, float]:
+        out: tuple[float, float] = anyio.run(_with_record, n, body, backend=args.backend)
+        return out
+
+    Timed = Callable[[], tuple[float, float]]
+    variants: list[tuple[str, Timed, Timed]] = [
+        ("1 set per transaction", lambda: raw_pycrdt(n, 1), lambda: run_rec(rec_single)),
+        (
+            f"{BATCH} sets per `async with rec.transaction()`",
+            lambda: raw_pycrdt(n, BATCH),
+            lambda: run_rec(rec_txn),
+        ),
+        (
+            f"{BATCH} sets per `map.update(dict)`",
+            lambda: raw_pycrdt(n, BATCH),
+            lambda: run_rec(rec_update),
+        ),
+    ]
+    rows: list[list[Any]] = []
+    results: list[Result] = []
+    for name, raw_fn, rec_fn in variants:
+        raw_times: list[tuple[float, float]] = []
+        rec_times: list[tuple[float, float]] = []
+        for _ in range(repeats):  # interleave so drift hits both sides alike
+            raw_times.append(raw_fn())
+            rec_times.append(rec_fn())
+        raw_rate = n / min(t for t, _ in raw_times)
+        rec_rate = n / min(t for t, _ in rec_times)
+        ratio = rec_rate / raw_rate
+        cpu_ratio = min(c for _, c in raw_times) / min(c for _, c in rec_times)
+        rows.append(
+            [
+                name,
+                fmt(rec_rate, "/s"),
+                fmt(raw_rate, "/s"),
+                f"{ratio:.2f}x",
+                f"{cpu_ratio:.2f}x",
+                f">= {TARGET}x",
+                "met" if ratio >= TARGET else "MISSED",
+            ]
+        )
+        results.append(
+            Result(
+                "local_write",
+                name,
+                rec_rate,
+                "writes/s",
+                raw_rate,
+                ratio,
+                f">= {TARGET}x raw",
+                ratio >= TARGET,
+            )
+        )
+    print()
+    print(f"{n:,} map sets, best of {repeats} runs, anyio backend {args.backend}")
+    print("(ratio: wall-clock rates; CPU ratio: the same from process CPU time, which other load")
+    print(" on the machine disturbs less)")
+    table(["variant", "record", "raw pycrdt + capture", "ratio", "CPU ratio", "target", ""], rows)
+    for r in results:
+        r.emit()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
