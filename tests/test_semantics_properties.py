@@ -116,11 +116,9 @@ async def test_append_only_survives_any_delivery_order(seed: int, ops: list[Any]
                 elif op == "sync":
                     await deliver(rng.randrange(3), who)
                 elif len(log):
+                    refused = log.insert(0, "sneaked in") if op == "insert" else log.delete(0)
                     with pytest.raises(PolicyViolation):
-                        if op == "insert":
-                            await log.insert(0, "sneaked in")
-                        else:
-                            await log.delete(0)
+                        await refused
             for src in range(3):
                 for dst in range(3):
                     if src != dst:
