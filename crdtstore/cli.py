@@ -6,6 +6,8 @@
     crdtstore journal URL [--run R] [--json] [--after N] [--limit N]
     crdtstore inspect URL --run R [--json]
     crdtstore compact URL --run R [--drop-journal]
+    crdtstore token --tenant T --run R --agent A [--rw | --ro] [--ttl SECONDS]
+    crdtstore serve --store URL [--host H] [--port P] [--secret-file F]
 
 ``URL`` is a store URL (``sqlite:///path/store.db``) or simply the path of a SQLite store file.
 Only the public API is used here.
@@ -856,6 +858,61 @@ def demo(
         _run_demo, _path_url(path), path, name, agents, writes, durability.value, timeout
     )
     raise typer.Exit(code)
+
+
+# -- sync hub: token and serve (the ``sync`` package is imported only when they run) -------------
+
+
+def _sync_cli() -> Any:
+    """``sync._cli``, imported when a hub command runs: crdtstore never imports sync at
+    import time (nor names it in an import statement, see tests/test_sync_protocol.py)."""
+    import importlib
+
+    return importlib.import_module("sync._cli")
+
+
+SecretFileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--secret-file",
+        help="File holding the token signing secret (default: $CRDTSTORE_SECRET).",
+    ),
+]
+
+
+@app.command()
+def token(
+    tenant: Annotated[str, typer.Option("--tenant", help="Tenant the token is for.")],
+    run: Annotated[str, typer.Option("--run", help="Run name, or a run prefix ending with '*'.")],
+    agent: Annotated[str, typer.Option("--agent", help="Agent id its writes are attributed to.")],
+    rw: Annotated[
+        bool, typer.Option("--rw/--ro", help="Allow writes (--rw) or only reads (--ro).")
+    ] = False,
+    ttl: Annotated[float, typer.Option("--ttl", help="Seconds the token stays valid.")] = 3600.0,
+    secret_file: SecretFileOpt = None,
+) -> None:
+    """Mint a token for the sync hub; it is printed on the last line."""
+    try:
+        minted = _sync_cli().mint_token(
+            tenant=tenant, run=run, agent=agent, rw=rw, ttl=ttl, secret_file=secret_file
+        )
+    except CrdtStoreError as exc:
+        raise _fail(str(exc)) from None
+    print(minted)
+
+
+@app.command()
+def serve(
+    store: Annotated[str, typer.Option("--store", help="Store URL (sqlite:///path/store.db).")],
+    host: Annotated[str, typer.Option("--host", help="Interface to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="TCP port (0: any free port).")] = 8765,
+    secret_file: SecretFileOpt = None,
+) -> None:
+    """Start the sync hub: agents connect to ws://HOST:PORT/<tenant>/<run>?token=..."""
+    try:
+        _sync_cli().serve_hub(store, host, port, secret_file)
+    except CrdtStoreError as exc:
+        raise _fail(str(exc)) from None
 
 
 if __name__ == "__main__":

@@ -2,8 +2,10 @@
 
 This package holds the pure protocol layer: lib0 encodings, the y-protocols messages plus
 crdtstore's extension message (type 100, JSON requests and responses), and the server and
-client session state machines (bytes in, messages and bytes out, no I/O). ``crdtstore``
-never imports ``sync``.
+client session state machines (bytes in, messages and bytes out, no I/O); and the hub
+(:class:`Hub`, a WebSocket server sharing each run's record, ``crdtstore serve`` or
+``python -m sync``) with its signed access tokens (:func:`mint`, :func:`verify`).
+``crdtstore`` never imports ``sync`` (its CLI loads ``sync._cli`` when a hub command runs).
 """
 
 from ._document import Document as Document
@@ -12,6 +14,8 @@ from ._document import ReplicaDocument as ReplicaDocument
 from ._errors import CloseCode as CloseCode
 from ._errors import MessageTooLarge as MessageTooLarge
 from ._errors import ProtocolError as ProtocolError
+from ._hub import Hub as Hub
+from ._hub import HubLimits as HubLimits
 from ._messages import DEFAULT_MAX_MESSAGE_SIZE as DEFAULT_MAX_MESSAGE_SIZE
 from ._messages import EXTENSION_MESSAGE_TYPE as EXTENSION_MESSAGE_TYPE
 from ._messages import Awareness as Awareness
@@ -35,6 +39,15 @@ from ._messages import encode_awareness_update as encode_awareness_update
 from ._session import ClientSession as ClientSession
 from ._session import Received as Received
 from ._session import ServerSession as ServerSession
+from ._tokens import Forbidden as Forbidden
+from ._tokens import SecretMissing as SecretMissing
+from ._tokens import TokenClaims as TokenClaims
+from ._tokens import TokenError as TokenError
+from ._tokens import TokenExpired as TokenExpired
+from ._tokens import TokenInvalid as TokenInvalid
+from ._tokens import load_secret as load_secret
+from ._tokens import mint as mint
+from ._tokens import verify as verify
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_SIZE",
@@ -45,6 +58,9 @@ __all__ = [
     "CloseCode",
     "Document",
     "ErrorInfo",
+    "Forbidden",
+    "Hub",
+    "HubLimits",
     "Message",
     "MessageTooLarge",
     "MessageType",
@@ -52,18 +68,26 @@ __all__ = [
     "ProtocolError",
     "PycrdtDocument",
     "QueryAwareness",
+    "Received",
     "ReplicaDocument",
     "Request",
-    "Received",
     "Response",
+    "SecretMissing",
     "ServerSession",
     "SyncStep1",
     "SyncStep2",
     "SyncType",
+    "TokenClaims",
+    "TokenError",
+    "TokenExpired",
+    "TokenInvalid",
     "Update",
     "decode",
     "decode_awareness_update",
     "decode_state_vector",
     "encode",
     "encode_awareness_update",
+    "load_secret",
+    "mint",
+    "verify",
 ]

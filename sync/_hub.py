@@ -1,0 +1,656 @@
+"""The hub: a WebSocket server that shares each run's record with the agents connected to it.
+
+::
+
+    hub = Hub("sqlite:///runs/store.db", secret)
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(hub.serve, "127.0.0.1", 8765)
+
+A client connects to ``ws://host:port/<tenant>/<run>`` with a token (:mod:`sync._tokens`) as
+the ``token`` query parameter (what y-websocket's ``params`` option sends) or as the
+subprotocol ``crdtstore.token.<token>``. The token is checked at the HTTP upgrade
+(``process_request``): a missing, malformed, forged or expired one is refused with HTTP 401,
+one for another tenant or run with HTTP 403, before any document byte is sent. An accepted
+connection speaks the y-protocols sync protocol (:class:`~sync.ServerSession`).
+
+**One record per loaded run, provenance per connection.** The first connection to a run opens
+the run's record on the tenant's store (a :class:`crdtstore.Record` opened as agent ``hub``,
+source ``system``); its document is the one every connection of the run syncs with, and the
+last connection to leave closes it (after flushing it to the journal). Every update a
+connection sends (its sync step 2, which after a reconnect carries its offline edits, and
+its updates) is applied through :meth:`Record.apply_update`, which journals it. The record is
+a subclass whose ``agent`` and ``source`` are read from a context variable that the
+connection's task sets around that call: the journal entry, the provenance of the keys it
+wrote and the change events carry the agent and source of the *token* of the connection that
+sent the bytes (never anything the client says, and never ``hub``). A context variable is
+per task, so connections of one run writing at the same time cannot swap identities, and
+the effect of each update is derived against the one shared document (exact provenance, one
+copy of the document in memory). Entries other processes append to the run's journal reach
+the record through its tail and are broadcast to every connection.
+
+**Per connection:** frames are handled in order, one at a time (so a response to a ``flush``
+request acknowledges every update the client sent before it); each update is broadcast as is
+to every *other* connection of the run once the record took it; awareness messages are
+relayed to every connection (echoed too, as y-websocket's server does), the hub answers
+query-awareness and sends the run's awareness states to a new connection, and removes a
+leaving connection's clients for everyone. A read-only connection's sync step 2 and updates
+are answered with permission-denied and never applied. Frames to a connection go through a
+bounded send queue; a client that reads too slowly to keep it under its bound is disconnected
+(4408) rather than growing the hub's memory. A malformed frame closes that connection only
+(4400, or 4413 for a frame over the size limit, 4422 for update bytes the record refuses):
+the session and the record are untouched. A connection whose token expires is closed (4401).
+
+Extension requests (message type 100) supported so far: ``flush`` (answered once everything
+the run's record holds is journaled) and
+``whoami`` (the token's claims); any other op is answered with the error ``UNSUPPORTED_OP``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, Final
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import anyio
+from anyio.abc import TaskGroup, TaskStatus
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.datastructures import Headers
+from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request as HttpRequest
+from websockets.http11 import Response as HttpResponse
+from websockets.typing import Subprotocol
+
+from crdtstore import (
+    BudgetExceeded,
+    CrdtStoreError,
+    InvalidName,
+    InvalidUpdate,
+    PayloadTooLarge,
+    PolicyViolation,
+    Record,
+    RunClosed,
+    Store,
+    UnknownRun,
+    open_store,
+)
+from crdtstore._names import check_name
+
+from ._document import ReplicaDocument
+from ._errors import CloseCode, ProtocolError
+from ._messages import (
+    DEFAULT_MAX_MESSAGE_SIZE,
+    Awareness,
+    AwarenessEntry,
+    ErrorInfo,
+    PermissionDenied,
+    QueryAwareness,
+    Request,
+    Response,
+    Update,
+    encode,
+    encode_awareness_update,
+)
+from ._session import ServerSession
+from ._tokens import (
+    TOKEN_SUBPROTOCOL_PREFIX,
+    TokenClaims,
+    TokenError,
+    _check_secret,
+    verify,
+)
+
+__all__ = ["HUB_AGENT", "SUBPROTOCOL", "Hub", "HubLimits"]
+
+log = logging.getLogger("sync.hub")
+
+HUB_AGENT: Final = "hub"
+SUBPROTOCOL: Final = "crdtstore"
+_EMPTY_UPDATES: Final = (b"\x00\x00",)
+_MAX_REASON: Final = 120  # a close reason is at most 123 bytes of UTF-8
+
+
+@dataclass(frozen=True)
+class HubLimits:
+    """Limits of the hub.
+
+    Attributes:
+        max_message_size: frames longer than this close the connection with 4413. (Frames
+            over twice this are cut off by the WebSocket layer itself, with 1009.)
+        max_queue_frames, max_queue_bytes: bound of a connection's send queue; past either,
+            the connection is closed with 4408 (slow consumer).
+        close_timeout: seconds to wait for the peer's close frame.
+        ping_interval: seconds between keepalive pings (None: no pings).
+    """
+
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
+    max_queue_frames: int = 4096
+    max_queue_bytes: int = 64 * 1024 * 1024
+    close_timeout: float = 5.0
+    ping_interval: float | None = 20.0
+
+
+# The connection whose frame the current task is applying; the hub's records attribute
+# writes to its token's agent (see the module docstring).
+_CURRENT: ContextVar[_Conn | None] = ContextVar("sync_hub_connection", default=None)
+
+
+class _HubRecord(Record):
+    """A run's record opened by the hub: its writes are attributed to the agent and source of
+    the token of the connection that the current task serves (``hub``/``system`` outside of
+    one). ``Record`` reads ``self.agent``/``self.source`` when it builds a journal entry."""
+
+    _hub_agent: str
+    _hub_source: str
+
+    @property
+    def agent(self) -> str:
+        conn = _CURRENT.get()
+        return self._hub_agent if conn is None else conn.claims.agent
+
+    @agent.setter
+    def agent(self, value: str) -> None:
+        self._hub_agent = value
+
+    @property
+    def source(self) -> str:
+        conn = _CURRENT.get()
+        return self._hub_source if conn is None else conn.claims.source
+
+    @source.setter
+    def source(self, value: str) -> None:
+        self._hub_source = value
+
+
+class _CheckingDocument(ReplicaDocument):
+    """The session's view of the run's record: reads are the record's document; ``apply_update``
+    only checks the bytes, the hub then applies and journals them through the record (which
+    is async, and attributes them to the connection's agent)."""
+
+    def apply_update(self, update: bytes) -> None:
+        self.replica.check_update(update)
+
+
+class _Room:
+    """A loaded run: its record and its connections."""
+
+    def __init__(self, tenant: str, run: str) -> None:
+        self.tenant = tenant
+        self.run = run
+        self.rec: _HubRecord | None = None
+        self.conns: set[_Conn] = set()
+        self.awareness: dict[int, AwarenessEntry] = {}
+        self.users = 0
+        self.ready = anyio.Event()
+        self.failed = False
+        self.closing = False
+        self.closed = anyio.Event()
+        self._subscription: Any = None
+
+    def attach(self, rec: _HubRecord) -> None:
+        self.rec = rec
+        self._subscription = rec.replica.doc.observe(self._on_transaction)
+
+    def detach(self) -> None:
+        if self.rec is not None and self._subscription is not None:
+            self.rec.replica.doc.unobserve(self._subscription)
+            self._subscription = None
+
+    def _on_transaction(self, event: Any) -> None:
+        # A connection's update is broadcast by its own task (as received, to the others);
+        # what else changes the document comes from the journal (other processes' writes).
+        if _CURRENT.get() is not None:
+            return
+        update = bytes(event.update)
+        if update not in _EMPTY_UPDATES:
+            self.broadcast(encode(Update(update)))
+
+    def broadcast(self, frame: bytes, exclude: _Conn | None = None) -> None:
+        for conn in list(self.conns):
+            if conn is not exclude:
+                conn.send(frame)
+
+    def update_awareness(self, entries: Iterable[AwarenessEntry]) -> None:
+        for entry in entries:
+            if entry.removed:
+                self.awareness.pop(entry.client_id, None)
+                continue
+            current = self.awareness.get(entry.client_id)
+            if current is None or entry.clock >= current.clock:
+                self.awareness[entry.client_id] = entry
+
+    def awareness_frame(self) -> bytes | None:
+        if not self.awareness:
+            return None
+        return encode(Awareness(encode_awareness_update(list(self.awareness.values()))))
+
+
+class _Conn:
+    """One accepted connection: its claims, session and bounded send queue."""
+
+    def __init__(
+        self,
+        ws: ServerConnection,
+        claims: TokenClaims,
+        room: _Room,
+        session: ServerSession,
+        limits: HubLimits,
+    ) -> None:
+        self.ws = ws
+        self.claims = claims
+        self.room = room
+        self.session = session
+        self.limits = limits
+        self.queue: deque[bytes] = deque()
+        self.queued_bytes = 0
+        self.wakeup = anyio.Event()
+        self.close_with: tuple[int, str] | None = None
+        self.scope: anyio.CancelScope | None = None
+
+    def __repr__(self) -> str:
+        return f"<connection {self.claims.agent}@{self.room.tenant}/{self.room.run}>"
+
+    def send(self, frame: bytes) -> None:
+        """Queue a frame (never blocks); a full queue closes the connection (4408)."""
+        if self.close_with is not None:
+            return
+        limits = self.limits
+        if (
+            len(self.queue) >= limits.max_queue_frames
+            or self.queued_bytes + len(frame) > limits.max_queue_bytes
+        ):
+            log.warning(
+                "%r: send queue full (%d frames, %d bytes); disconnecting a slow consumer",
+                self,
+                len(self.queue),
+                self.queued_bytes,
+            )
+            self.close(CloseCode.SLOW_CONSUMER, "send queue overflow: reading too slowly")
+            return
+        self.queue.append(frame)
+        self.queued_bytes += len(frame)
+        self.wakeup.set()
+
+    def close(self, code: int, reason: str) -> None:
+        """End the connection with ``code`` (from any task); the first code given wins."""
+        if self.close_with is None:
+            self.close_with = (int(code), reason[:_MAX_REASON])
+        self.queue.clear()
+        self.queued_bytes = 0
+        if self.scope is not None:
+            self.scope.cancel()
+
+    async def sender(self) -> None:
+        try:
+            while True:
+                if not self.queue:
+                    self.wakeup = anyio.Event()
+                    await self.wakeup.wait()
+                    continue
+                frame = self.queue.popleft()
+                self.queued_bytes -= len(frame)
+                await self.ws.send(frame)
+        except ConnectionClosed:
+            if self.scope is not None:
+                self.scope.cancel()
+
+    async def expire(self, exp: int) -> None:
+        await anyio.sleep(max(0.0, exp - time.time()))
+        log.info("%r: token expired", self)
+        self.close(CloseCode.UNAUTHORIZED, "TOKEN_EXPIRED: token expired")
+
+
+def _offered_subprotocols(headers: Headers) -> list[str]:
+    return [
+        p.strip()
+        for value in headers.get_all("Sec-WebSocket-Protocol")
+        for p in value.split(",")
+        if p.strip()
+    ]
+
+
+def _select_subprotocol(
+    connection: ServerConnection, offered: Sequence[Subprotocol]
+) -> Subprotocol | None:
+    if SUBPROTOCOL in offered:
+        return Subprotocol(SUBPROTOCOL)
+    for p in offered:
+        if p.startswith(TOKEN_SUBPROTOCOL_PREFIX):
+            return Subprotocol(p)
+    return None
+
+
+class Hub:
+    """The sync hub over the store at ``store_url``, accepting tokens signed with ``secret``.
+
+    Args:
+        store_url: the store (``sqlite:///path/store.db``); a store object is opened per
+            tenant met in a token.
+        secret: the token signing secret (at least 16 bytes).
+        limits: message size and send queue bounds.
+        clock: the time tokens are checked against (seconds since the epoch).
+    """
+
+    def __init__(
+        self,
+        store_url: str,
+        secret: bytes,
+        *,
+        limits: HubLimits | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store_url = store_url
+        self._secret = secret
+        self.limits = limits or HubLimits()
+        self._clock = clock
+        self._stores: dict[str, Store] = {}
+        self._store_locks: dict[str, anyio.Lock] = {}
+        self._rooms: dict[tuple[str, str], _Room] = {}
+        self._auth: weakref.WeakKeyDictionary[ServerConnection, tuple[TokenClaims, str, str]]
+        self._auth = weakref.WeakKeyDictionary()
+        self._tg: TaskGroup | None = None
+        self._stopping = anyio.Event()
+        self._changed = anyio.Event()
+        _check_secret(secret)  # fail now, not at the first connection
+
+    # -- introspection (tests, metrics) -----------------------------------------------------------
+
+    def loaded_runs(self) -> dict[tuple[str, str], int]:
+        """The loaded runs: (tenant, run) -> number of connections."""
+        return {key: len(room.conns) for key, room in self._rooms.items()}
+
+    async def wait_until(self, predicate: Callable[[Hub], bool]) -> None:
+        """Return once ``predicate(hub)`` holds; it is re-checked whenever a run is loaded or
+        unloaded, or a connection joins or leaves one."""
+        while not predicate(self):
+            await self._changed.wait()
+
+    def _fire_changed(self) -> None:
+        old, self._changed = self._changed, anyio.Event()
+        old.set()
+
+    # -- serving ----------------------------------------------------------------------------------
+
+    async def serve(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 8765,
+        *,
+        task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Serve until cancelled; ``task_status.started`` gets the port (useful with port 0).
+
+        On the way out, connections are closed with 1001 (going away), every loaded run is
+        flushed to the journal and closed, then the stores.
+        """
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            server: Server | None = None
+            try:
+                await self._store("default")  # fail at start on a bad store URL
+                server = await serve(
+                    self._handler,
+                    host,
+                    port,
+                    process_request=self._process_request,
+                    select_subprotocol=_select_subprotocol,
+                    compression=None,
+                    max_size=2 * self.limits.max_message_size,
+                    max_queue=64,
+                    close_timeout=self.limits.close_timeout,
+                    ping_interval=self.limits.ping_interval,
+                    logger=logging.getLogger("sync.hub.websockets"),
+                )
+                bound = server.sockets[0].getsockname()[1]
+                log.info("hub serving %s on %s:%d", self.store_url, host, bound)
+                task_status.started(bound)
+                await anyio.sleep_forever()
+            finally:
+                with anyio.CancelScope(shield=True):
+                    if server is not None:
+                        server.close()
+                        await server.wait_closed()
+                    self._stopping.set()
+
+    async def _store(self, tenant: str) -> Store:
+        store = self._stores.get(tenant)
+        if store is not None:
+            return store
+        lock = self._store_locks.setdefault(tenant, anyio.Lock())
+        async with lock:
+            store = self._stores.get(tenant)
+            if store is None:
+                assert self._tg is not None
+                store = await self._tg.start(self._run_store, tenant)
+                self._stores[tenant] = store
+        return store
+
+    async def _run_store(self, tenant: str, *, task_status: TaskStatus[Store]) -> None:
+        # Shielded: a store closes after the connections (and the records on it) are gone.
+        with anyio.CancelScope(shield=True):
+            async with open_store(self.store_url, tenant=tenant) as store:
+                task_status.started(store)
+                await self._stopping.wait()
+
+    # -- the HTTP upgrade -------------------------------------------------------------------------
+
+    def _process_request(
+        self, connection: ServerConnection, request: HttpRequest
+    ) -> HttpResponse | None:
+        url = urlsplit(request.path)
+        parts = url.path.split("/")
+        if len(parts) != 3 or not parts[1] or not parts[2]:
+            return connection.respond(404, "expected a path /<tenant>/<run>\n")
+        tenant, run = unquote(parts[1]), unquote(parts[2])
+        try:
+            check_name("tenant", tenant)
+            check_name("run", run)
+        except InvalidName as exc:
+            return connection.respond(400, f"{exc.code}: {exc}\n")
+        tokens = parse_qs(url.query).get("token")
+        token = tokens[0] if tokens else None
+        if token is None:
+            for p in _offered_subprotocols(request.headers):
+                if p.startswith(TOKEN_SUBPROTOCOL_PREFIX):
+                    token = p[len(TOKEN_SUBPROTOCOL_PREFIX) :]
+                    break
+        try:
+            claims = verify(self._secret, token, self._clock(), tenant=tenant, run=run)
+        except TokenError as exc:
+            log.info("refused a connection to %s/%s: %s (%s)", tenant, run, exc.code, exc.reason)
+            return connection.respond(exc.http_status, f"{exc.code}: {exc.reason}\n")
+        self._auth[connection] = (claims, tenant, run)
+        return None
+
+    # -- rooms ------------------------------------------------------------------------------------
+
+    async def _acquire(self, tenant: str, run: str, claims: TokenClaims) -> _Room:
+        key = (tenant, run)
+        while True:
+            room = self._rooms.get(key)
+            if room is None:
+                room = self._rooms[key] = _Room(tenant, run)
+                try:
+                    store = await self._store(tenant)
+                    rec = _HubRecord(store, run, HUB_AGENT, "system", create=not claims.read_only)
+                    await rec.start()
+                except BaseException:
+                    room.failed = True
+                    del self._rooms[key]
+                    room.ready.set()
+                    raise
+                room.attach(rec)
+                room.users += 1
+                room.ready.set()
+                log.info("loaded run %s/%s", tenant, run)
+                self._fire_changed()
+                return room
+            await room.ready.wait()
+            if room.failed:
+                continue
+            if room.closing:
+                await room.closed.wait()
+                continue
+            room.users += 1
+            return room
+
+    async def _release(self, room: _Room) -> None:
+        room.users -= 1
+        if room.users > 0:
+            self._fire_changed()
+            return
+        room.closing = True
+        try:
+            room.detach()
+            if room.rec is not None:
+                await room.rec.aclose()
+        finally:
+            if self._rooms.get((room.tenant, room.run)) is room:
+                del self._rooms[(room.tenant, room.run)]
+            room.closed.set()
+            log.info("unloaded run %s/%s", room.tenant, room.run)
+            self._fire_changed()
+
+    # -- connections ------------------------------------------------------------------------------
+
+    async def _handler(self, ws: ServerConnection) -> None:
+        auth = self._auth.pop(ws, None)
+        if auth is None:  # process_request refuses those; never serve without a token
+            await ws.close(CloseCode.UNAUTHORIZED, "TOKEN_INVALID: no token")
+            return
+        claims, tenant, run = auth
+        try:
+            room = await self._acquire(tenant, run, claims)
+        except UnknownRun as exc:
+            await ws.close(CloseCode.UNKNOWN_RUN, f"{exc.code}: {exc}"[:_MAX_REASON])
+            return
+        except RunClosed as exc:
+            await ws.close(CloseCode.RUN_CLOSED, f"{exc.code}: {exc}"[:_MAX_REASON])
+            return
+        except CrdtStoreError as exc:
+            log.error("cannot load run %s/%s: %s", tenant, run, exc)
+            await ws.close(CloseCode.INTERNAL_ERROR, exc.code)
+            return
+        assert room.rec is not None
+        session = ServerSession(
+            _CheckingDocument(room.rec.replica),
+            read_only=claims.read_only,
+            max_message_size=self.limits.max_message_size,
+        )
+        conn = _Conn(ws, claims, room, session, self.limits)
+        try:
+            async with anyio.create_task_group() as tg:
+                conn.scope = tg.cancel_scope
+                tg.start_soon(conn.sender)
+                tg.start_soon(conn.expire, claims.exp)
+                room.conns.add(conn)
+                self._fire_changed()
+                log.info("%r: connected (%s)", conn, claims.mode)
+                for frame in session.start():
+                    conn.send(frame)
+                states = room.awareness_frame()
+                if states is not None:
+                    conn.send(states)
+                await self._receive(conn)
+                tg.cancel_scope.cancel()
+        finally:
+            room.conns.discard(conn)
+            removal = session.awareness_removal()
+            if removal is not None:
+                for client in session.awareness_clients:
+                    room.awareness.pop(client, None)
+                room.broadcast(encode(removal))
+            with anyio.CancelScope(shield=True):
+                await self._release(room)
+                if conn.close_with is not None:
+                    code, reason = conn.close_with
+                    log.info("%r: closing with %d (%s)", conn, code, reason)
+                    await ws.close(code, reason)
+
+    async def _receive(self, conn: _Conn) -> None:
+        ws, session, room = conn.ws, conn.session, conn.room
+        while conn.close_with is None:
+            try:
+                frame = await ws.recv()
+            except ConnectionClosed:
+                return
+            if isinstance(frame, str):
+                log.warning("%r: a text frame; closing with %d", conn, CloseCode.MALFORMED)
+                conn.close(CloseCode.MALFORMED, "frames are binary, not text")
+                return
+            try:
+                received = session.receive(frame)
+            except ProtocolError as exc:
+                log.warning("%r: %s; closing with %d", conn, exc.reason, exc.close_code)
+                conn.close(exc.close_code, exc.reason)
+                return
+            for reply in received.reply_frames():
+                conn.send(reply)
+            message = received.message
+            if received.applied is not None:
+                await self._apply(conn, received.applied)
+            elif received.refused is not None:
+                log.info("%r: refused a write (read-only)", conn)
+            elif received.awareness:
+                room.update_awareness(received.awareness)
+                room.broadcast(frame)
+            elif isinstance(message, QueryAwareness):
+                states = room.awareness_frame()
+                if states is not None:
+                    conn.send(states)
+            elif isinstance(message, Request):
+                await self._request(conn, message)
+
+    async def _apply(self, conn: _Conn, update: bytes) -> None:
+        """Apply and journal a connection's update as its token's agent, then broadcast it."""
+        if update in _EMPTY_UPDATES:
+            return
+        rec = conn.room.rec
+        assert rec is not None
+        token = _CURRENT.set(conn)
+        try:
+            await rec.apply_update(update)
+        except (PolicyViolation, BudgetExceeded) as exc:
+            conn.send(encode(PermissionDenied(f"{exc.code}: {exc}")))
+            conn.close(CloseCode.INVALID_UPDATE, f"{exc.code}: {exc}")
+            return
+        except PayloadTooLarge as exc:
+            conn.close(CloseCode.MESSAGE_TOO_LARGE, f"{exc.code}: {exc}")
+            return
+        except InvalidUpdate as exc:
+            conn.close(CloseCode.INVALID_UPDATE, f"{exc.code}: {exc}")
+            return
+        except RunClosed as exc:
+            conn.close(CloseCode.RUN_CLOSED, f"{exc.code}: {exc}")
+            return
+        except CrdtStoreError as exc:
+            log.error("%r: applying an update failed: %s", conn, exc)
+            conn.close(CloseCode.INTERNAL_ERROR, exc.code)
+            return
+        finally:
+            _CURRENT.reset(token)
+        conn.room.broadcast(encode(Update(update)), exclude=conn)
+
+    async def _request(self, conn: _Conn, request: Request) -> None:
+        rec = conn.room.rec
+        assert rec is not None
+        response: Response
+        if request.op == "flush":
+            try:
+                await rec.flush()
+                response = Response.success(request.id)
+            except CrdtStoreError as exc:
+                response = Response.failure(request.id, exc)
+        elif request.op == "whoami":
+            response = Response.success(request.id, conn.claims.model_dump())
+        else:
+            response = Response.failure(
+                request.id,
+                ErrorInfo(code="UNSUPPORTED_OP", message=f"the hub has no op {request.op!r}"),
+            )
+        conn.send(conn.session.respond(response))

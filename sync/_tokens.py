@@ -1,0 +1,285 @@
+"""Access tokens of the hub: claims signed with HMAC-SHA256 by a server secret.
+
+A token is ``base64url(JSON claims) "." base64url(HMAC-SHA256(secret, first part))``, without
+padding; every character is URL-safe and an HTTP token character, so it travels as the
+``token`` query parameter (what y-websocket's ``params`` option sends) or inside a
+WebSocket subprotocol (``crdtstore.token.<token>``).
+
+The claims say who the agent is and what it may touch::
+
+    TokenClaims(tenant="acme", run="r1", agent="planner", mode="rw", exp=1767225600)
+
+``run`` is a run name, or a prefix ending with ``*`` (``"nightly-*"``; ``"*"`` is every run of
+the tenant). The hub takes the agent identity of every write from the token, never from
+the client.
+
+Errors (under crdtstore's tree, stable codes)::
+
+    CrdtStoreError
+    └── TokenError (PermissionError)
+        ├── TokenInvalid                    TOKEN_INVALID    (HTTP 401, close 4401)
+        │   └── TokenExpired                TOKEN_EXPIRED    (HTTP 401, close 4401)
+        └── Forbidden                       FORBIDDEN        (HTTP 403, close 4403)
+    SecretMissing (ValueError)              SECRET_MISSING
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Final, Literal
+
+import pydantic_core
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from crdtstore import CrdtStoreError
+from crdtstore._names import check_name
+
+from ._errors import CloseCode
+
+__all__ = [
+    "MAX_TOKEN_LENGTH",
+    "MIN_SECRET_BYTES",
+    "SECRET_ENV",
+    "TOKEN_SUBPROTOCOL_PREFIX",
+    "Forbidden",
+    "SecretMissing",
+    "TokenClaims",
+    "TokenError",
+    "TokenExpired",
+    "TokenInvalid",
+    "load_secret",
+    "mint",
+    "verify",
+]
+
+SECRET_ENV: Final = "CRDTSTORE_SECRET"
+MIN_SECRET_BYTES: Final = 16
+MAX_TOKEN_LENGTH: Final = 4096
+TOKEN_SUBPROTOCOL_PREFIX: Final = "crdtstore.token."
+
+
+# -- errors ---------------------------------------------------------------------------------
+
+
+class TokenError(CrdtStoreError, PermissionError):
+    """A token does not grant the connection. ``http_status`` and ``close_code`` say how the
+    hub refuses it (at the HTTP upgrade, or on an open connection)."""
+
+    code = "TOKEN_ERROR"
+    http_status = 401
+    close_code = int(CloseCode.UNAUTHORIZED)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+class TokenInvalid(TokenError):
+    """No token, a malformed one, or one whose signature does not match (forged)."""
+
+    code = "TOKEN_INVALID"
+
+
+class TokenExpired(TokenInvalid):
+    """The token's ``exp`` has passed."""
+
+    code = "TOKEN_EXPIRED"
+
+    def __init__(self, exp: int, now: float) -> None:
+        self.exp = exp
+        self.now = now
+        super().__init__(f"token expired at {exp} (now {int(now)})")
+
+
+class Forbidden(TokenError):
+    """The token is valid, but not for this tenant or run (or not for writing)."""
+
+    code = "FORBIDDEN"
+    http_status = 403
+    close_code = int(CloseCode.FORBIDDEN)
+
+
+class SecretMissing(CrdtStoreError, ValueError):
+    """No signing secret was given, or it is too short to be one."""
+
+    code = "SECRET_MISSING"
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+# -- claims ---------------------------------------------------------------------------------
+
+
+class TokenClaims(BaseModel):
+    """What a token grants: ``agent`` may use ``run`` (or runs starting with a prefix ending
+    in ``*``) of ``tenant``, reading (``ro``) or reading and writing (``rw``), until ``exp``
+    (seconds since the epoch). ``source`` is the provenance source kind of its writes."""
+
+    model_config = ConfigDict(frozen=True, strict=True, extra="forbid")
+
+    tenant: str
+    run: str
+    agent: str
+    mode: Literal["rw", "ro"]
+    exp: Annotated[int, Field(ge=0)]
+    source: Literal["tool", "model", "user", "system"] = "model"
+
+    @field_validator("tenant")
+    @classmethod
+    def _tenant(cls, value: str) -> str:
+        return _name("tenant", value)
+
+    @field_validator("agent")
+    @classmethod
+    def _agent(cls, value: str) -> str:
+        return _name("agent", value)
+
+    @field_validator("run")
+    @classmethod
+    def _run(cls, value: str) -> str:
+        if value.endswith("*"):
+            prefix = value[:-1]
+            if prefix:
+                _name("run", prefix)
+            return value
+        return _name("run", value)
+
+    @property
+    def read_only(self) -> bool:
+        return self.mode == "ro"
+
+    def allows(self, tenant: str, run: str) -> bool:
+        """Whether the token covers ``run`` of ``tenant``."""
+        if tenant != self.tenant:
+            return False
+        if self.run.endswith("*"):
+            return run.startswith(self.run[:-1])
+        return run == self.run
+
+    def check_scope(self, tenant: str, run: str) -> None:
+        """Raise :class:`Forbidden` unless the token covers ``run`` of ``tenant``."""
+        if not self.allows(tenant, run):
+            raise Forbidden(
+                f"token of agent {self.agent!r} is for {self.tenant}/{self.run}, not {tenant}/{run}"
+            )
+
+
+def _name(kind: Literal["tenant", "run", "agent"], value: str) -> str:
+    try:
+        return check_name(kind, value)
+    except CrdtStoreError as exc:
+        raise ValueError(str(exc)) from None
+
+
+# -- signing --------------------------------------------------------------------------------
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def _unb64(text: str) -> bytes:
+    if not text or any(c not in _B64_ALPHABET for c in text):
+        raise TokenInvalid("token is not base64url")
+    try:
+        return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    except (binascii.Error, ValueError):
+        raise TokenInvalid("token is not base64url") from None
+
+
+_B64_ALPHABET: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+
+
+def _check_secret(secret: bytes) -> bytes:
+    if not isinstance(secret, bytes) or len(secret) < MIN_SECRET_BYTES:
+        raise SecretMissing(f"the signing secret must be at least {MIN_SECRET_BYTES} bytes")
+    return secret
+
+
+def _signature(secret: bytes, payload: str) -> bytes:
+    return hmac.new(secret, payload.encode("ascii"), hashlib.sha256).digest()
+
+
+def mint(secret: bytes, claims: TokenClaims) -> str:
+    """The token carrying ``claims``, signed with ``secret``.
+
+    Raises:
+        SecretMissing: ``secret`` is shorter than :data:`MIN_SECRET_BYTES`.
+    """
+    _check_secret(secret)
+    payload = _b64(claims.model_dump_json().encode())
+    return f"{payload}.{_b64(_signature(secret, payload))}"
+
+
+def verify(
+    secret: bytes,
+    token: str | None,
+    now: float | None = None,
+    *,
+    tenant: str | None = None,
+    run: str | None = None,
+) -> TokenClaims:
+    """The claims of ``token`` if it was signed with ``secret`` and has not expired at ``now``
+    (default: the current time); with ``tenant`` and ``run``, also check that it covers them.
+
+    The signature is compared in constant time, before the claims are parsed.
+
+    Raises:
+        TokenInvalid: missing, malformed, or not signed with ``secret``.
+        TokenExpired: ``exp`` is not after ``now``.
+        Forbidden: the token does not cover ``tenant``/``run``.
+    """
+    _check_secret(secret)
+    if not token:
+        raise TokenInvalid("no token")
+    if not isinstance(token, str) or len(token) > MAX_TOKEN_LENGTH:
+        raise TokenInvalid("malformed token")
+    payload, dot, signature = token.partition(".")
+    if not dot or "." in signature:
+        raise TokenInvalid("malformed token")
+    given = _unb64(signature)
+    if not hmac.compare_digest(given, _signature(secret, payload)):
+        raise TokenInvalid("token signature does not match")
+    try:
+        claims = TokenClaims.model_validate(pydantic_core.from_json(_unb64(payload)))
+    except (ValueError, ValidationError):
+        raise TokenInvalid("token claims are not valid") from None
+    now = time.time() if now is None else now
+    if claims.exp <= now:
+        raise TokenExpired(claims.exp, now)
+    if tenant is not None or run is not None:
+        claims.check_scope(tenant or "", run or "")
+    return claims
+
+
+def load_secret(
+    secret_file: str | Path | None = None, environ: Mapping[str, str] | None = None
+) -> bytes:
+    """The signing secret: the contents of ``secret_file`` if given, else the
+    ``CRDTSTORE_SECRET`` environment variable (surrounding whitespace stripped).
+
+    Raises:
+        SecretMissing: neither is set, the file cannot be read, or the secret is shorter
+            than :data:`MIN_SECRET_BYTES`.
+    """
+    if secret_file is not None:
+        try:
+            secret = Path(secret_file).read_bytes().strip()
+        except OSError as exc:
+            raise SecretMissing(f"cannot read secret file {secret_file}: {exc}") from None
+    else:
+        env = os.environ if environ is None else environ
+        value = env.get(SECRET_ENV, "").strip()
+        if not value:
+            raise SecretMissing(f"no signing secret: set {SECRET_ENV} or pass --secret-file")
+        secret = value.encode()
+    return _check_secret(secret)
