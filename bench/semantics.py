@@ -1,0 +1,486 @@
+"""Record semantics (issue 3): the per-write cost of declared rules, guarded writes across
+processes, and ``keep_all`` reads with siblings.
+
+    python bench/semantics.py            # 20k writes x 5, 4 s per guarded run, 3 repeats
+    python bench/semantics.py --quick    # 5k writes x 3, 1 s per guarded run (each part < 30 s)
+    python bench/semantics.py --only declared,guarded,keep_all
+
+1. **declared vs plain** (``memory://``): the same ``await m.set(key, {"text", "confidence"})``
+   on a collection declared with a pydantic model, a write policy and budgets, against the
+   same write on an undeclared (``open``, unvalidated) collection. Fresh keys (the owner and
+   append-only checks look the key up), and an overwrite variant (``owner`` on the writer's
+   own 100 keys, so the budget counts what the write removes). Variants with one rule at a
+   time show where the cost is. Time per write until ``await rec.flush()`` returns, best of
+   ``--repeats`` runs, declared and plain runs interleaved. Target: declared / plain <= 1.5x.
+2. **guarded writes across processes** (``sqlite:///``): 1, 2 and 4 processes
+   (``sys.executable``), each looping for a fixed time over ``value, version =
+   m.get_versioned(key)`` then ``await m.set(key, value + 1, expected_version=version)``, on one
+   shared counter and on one key per process; successes and ``StaleVersion`` refusals are
+   counted. Baseline in the same run: the same processes doing raw ``sqlite3``
+   read-modify-write transactions (``BEGIN IMMEDIATE; SELECT; UPDATE; COMMIT``, WAL,
+   ``synchronous=FULL`` as the guarded write's authority transaction uses), which never
+   refuse. Processes start together (each reports ready, then all get "go"); the counter's
+   final value is checked against the successes. No target: the figure is the ratio.
+3. **keep_all reads** (``memory://``): a ``keep_all`` map whose keys each have 1, 10 or 100
+   siblings (one memory store per writer, every writer's journal merged with
+   ``crdtstore.tree_merge`` and applied with ``rec.apply_update``), timing ``m.get(key)``
+   (a ``Conflict`` when there are several) against ``get`` on an ``lww`` map with the same
+   number of keys. Warm: repeated gets (the sibling groups are cached until the collection
+   changes). First get after a change: the groups are rebuilt (``rec._invalidate_all()``
+   stands in for a write). No target.
+
+Ratios are given from wall-clock time and from process CPU time (the machine may be shared;
+CPU time is disturbed less by other load). Part 2's CPU figure is the children's CPU time per
+successful write (all threads of each process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+from _common import Result, fmt, header, median, table
+from pydantic import BaseModel
+
+import crdtstore
+from crdtstore import CollectionSpec, Conflict
+
+TARGET_DECLARED = 1.5
+PARTS = ("declared", "guarded", "keep_all")
+
+
+class Finding(BaseModel):
+    text: str
+    confidence: float
+
+
+# -- 1. declared vs plain -------------------------------------------------------------------------
+
+
+def _budgets(n: int) -> dict[str, int]:
+    return {"max_entries": n + 1000, "max_bytes": 1000 * (n + 1000), "max_value_bytes": 4096}
+
+
+def declared_variants(n: int) -> list[tuple[str, CollectionSpec, bool, bool]]:
+    """(name, spec, overwrite, headline)."""
+    b = _budgets(n)
+    return [
+        ("model + owner + budgets, fresh keys",
+         CollectionSpec(kind="map", model=Finding, policy="owner", **b), False, True),
+        ("model + append_only + budgets, fresh keys",
+         CollectionSpec(kind="map", model=Finding, policy="append_only", **b), False, True),
+        ("model + owner + budgets, overwrite own 100 keys",
+         CollectionSpec(kind="map", model=Finding, policy="owner", **b), True, True),
+        ("model only, fresh keys", CollectionSpec(kind="map", model=Finding), False, False),
+        ("owner only, fresh keys", CollectionSpec(kind="map", policy="owner"), False, False),
+        ("budgets only, fresh keys", CollectionSpec(kind="map", **b), False, False),
+    ]  # fmt: skip
+
+
+async def timed_sets(
+    n: int, spec: CollectionSpec | None, overwrite: bool
+) -> tuple[float, float]:
+    """Wall and CPU seconds for ``n`` sets (until flushed) on map ``m``, declared with ``spec``
+    (None: undeclared, open)."""
+    keys = [f"k{i % 100}" if overwrite else f"k{i}" for i in range(n)]
+    values = [{"text": f"finding number {i}", "confidence": (i % 100) / 100} for i in range(n)]
+    schema = None if spec is None else {"m": spec}
+    async with (
+        crdtstore.open_store("memory://") as store,
+        store.open_record("bench", "writer", "tool", schema=schema) as rec,
+    ):
+        m = rec.map("m")
+        gc.collect()
+        c0, t0 = time.process_time(), time.perf_counter()
+        for k, v in zip(keys, values, strict=True):
+            await m.set(k, v)
+        await rec.flush()
+        seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+        assert len(m) == (100 if overwrite else n), len(m)
+    return seconds, cpu
+
+
+def part_declared(args: argparse.Namespace, n: int, repeats: int) -> list[Result]:
+    def run(spec: CollectionSpec | None, overwrite: bool) -> tuple[float, float]:
+        out: tuple[float, float] = anyio.run(
+            timed_sets, n, spec, overwrite, backend=args.backend
+        )
+        return out
+
+    rows: list[list[Any]] = []
+    results: list[Result] = []
+    for name, spec, overwrite, headline in declared_variants(n):
+        plain: list[tuple[float, float]] = []
+        decl: list[tuple[float, float]] = []
+        for _ in range(repeats):  # interleaved, so drift hits both sides alike
+            plain.append(run(None, overwrite))
+            decl.append(run(spec, overwrite))
+        p_us = min(t for t, _ in plain) / n * 1e6
+        d_us = min(t for t, _ in decl) / n * 1e6
+        p_cpu = min(c for _, c in plain) / n * 1e6
+        d_cpu = min(c for _, c in decl) / n * 1e6
+        ratio, cpu_ratio = d_us / p_us, d_cpu / p_cpu
+        met = ratio <= TARGET_DECLARED
+        rows.append([
+            name, f"{d_us:.1f} us", f"{p_us:.1f} us", f"{ratio:.2f}x",
+            f"{d_cpu:.1f} / {p_cpu:.1f} us", f"{cpu_ratio:.2f}x",
+            f"<= {TARGET_DECLARED}x" if headline else "(breakdown)",
+            ("met" if met else "MISSED") if headline else "",
+        ])  # fmt: skip
+        if headline:
+            results.append(Result("semantics", f"declared/plain: {name}", d_us, "us/write",
+                                  p_us, ratio, f"<= {TARGET_DECLARED}x plain", met))  # fmt: skip
+    print()
+    print(f"1. declared vs plain collection, memory://, {n:,} map sets (value: a 2-field dict),"
+          f" best of {repeats} runs")  # fmt: skip
+    table(["declared collection", "declared", "plain (open)", "ratio", "CPU declared / plain",
+           "CPU ratio", "target", ""], rows)  # fmt: skip
+    return results
+
+
+# -- 2. guarded writes across processes -----------------------------------------------------------
+
+
+def _wait_go() -> None:
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    line = sys.stdin.readline()
+    assert line.strip() == "go", line
+
+
+async def child_guarded(url: str, key: str, agent: str, seconds: float) -> dict[str, Any]:
+    ok = stale = 0
+    async with (
+        crdtstore.open_store(url) as store,
+        store.open_record(run="bench", agent=agent, source="tool") as rec,
+    ):
+        counter = rec.map("counter")
+        await rec.sync()
+        _wait_go()
+        c0, t0 = time.process_time(), time.perf_counter()
+        deadline = t0 + seconds
+        while time.perf_counter() < deadline:
+            value, version = counter.get_versioned(key)
+            try:
+                await counter.set(key, (value or 0) + 1, expected_version=version or 0)
+            except crdtstore.StaleVersion:
+                stale += 1
+                continue
+            ok += 1
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return {"ok": ok, "stale": stale, "wall": wall, "cpu": cpu}
+
+
+def child_raw(path: str, key: str, seconds: float) -> dict[str, Any]:
+    db = sqlite3.connect(path, isolation_level=None, timeout=60)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=FULL")
+    _wait_go()
+    ok = 0
+    c0, t0 = time.process_time(), time.perf_counter()
+    deadline = t0 + seconds
+    while time.perf_counter() < deadline:
+        db.execute("BEGIN IMMEDIATE")
+        (value,) = db.execute("SELECT v FROM c WHERE k = ?", (key,)).fetchone()
+        db.execute("UPDATE c SET v = ? WHERE k = ?", (value + 1, key))
+        db.execute("COMMIT")
+        ok += 1
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    db.close()
+    return {"ok": ok, "stale": 0, "wall": wall, "cpu": cpu}
+
+
+def spawn(argvs: list[list[str]]) -> list[dict[str, Any]]:
+    """Start one child per argv, wait until all are ready, say "go", collect their results."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, *a], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            text=True,
+        )
+        for a in argvs
+    ]
+    for p in procs:
+        assert p.stdout is not None
+        line = p.stdout.readline()
+        if line.strip() != "ready":
+            raise RuntimeError(f"child {p.args} said {line!r} (exit {p.wait()})")
+    for p in procs:
+        assert p.stdin is not None
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    out = []
+    for p in procs:
+        stdout, _ = p.communicate(timeout=300)
+        if p.returncode != 0:
+            raise RuntimeError(f"child {p.args} failed with exit {p.returncode}")
+        out.append(json.loads(stdout.strip().splitlines()[-1]))
+    return out
+
+
+async def _setup_store(url: str) -> None:
+    async with (
+        crdtstore.open_store(url) as store,
+        store.open_record(run="bench", agent="setup", source="system"),
+    ):
+        pass
+
+
+async def _read_store(url: str, keys: list[str]) -> int:
+    async with (
+        crdtstore.open_store(url) as store,
+        store.open_record(run="bench", agent="check", source="system") as rec,
+    ):
+        await rec.sync()
+        return sum(int(rec.map("counter").get(k) or 0) for k in keys)
+
+
+def _setup_raw(path: Path, keys: list[str]) -> None:
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("CREATE TABLE c (k TEXT PRIMARY KEY, v INTEGER NOT NULL)")
+    db.executemany("INSERT INTO c (k, v) VALUES (?, 0)", [(k,) for k in keys])
+    db.close()
+
+
+def _read_raw(path: Path, keys: list[str]) -> int:
+    db = sqlite3.connect(path)
+    total = sum(db.execute("SELECT v FROM c WHERE k = ?", (k,)).fetchone()[0] for k in keys)
+    db.close()
+    return total
+
+
+def guarded_round(
+    tmp: Path, tag: str, impl: str, nproc: int, distinct: bool, seconds: float
+) -> dict[str, float]:
+    keys = [f"n{i}" if distinct else "n" for i in range(nproc)]
+    uniq = sorted(set(keys))
+    path = tmp / f"{tag}-{impl}.db"
+    if impl == "raw":
+        _setup_raw(path, uniq)
+        argvs = [["--child", "raw", str(path), k, str(seconds)] for k in keys]
+    else:
+        url = f"sqlite:///{path}"
+        anyio.run(_setup_store, url)
+        argvs = [
+            ["--child", "guarded", url, k, f"agent{i}", str(seconds)] for i, k in enumerate(keys)
+        ]
+    res = spawn(argvs)
+    ok = sum(r["ok"] for r in res)
+    final = _read_raw(path, uniq) if impl == "raw" else anyio.run(_read_store, url, uniq)
+    if final != ok:
+        raise AssertionError(f"{impl} {tag}: counter(s) at {final}, {ok} successes reported")
+    wall = max(r["wall"] for r in res)
+    return {
+        "ok": ok,
+        "stale": sum(r["stale"] for r in res),
+        "rate": ok / wall,
+        "cpu_us": sum(r["cpu"] for r in res) / max(ok, 1) * 1e6,
+    }
+
+
+def part_guarded(args: argparse.Namespace, seconds: float, repeats: int) -> list[Result]:
+    tmp = Path(tempfile.mkdtemp(prefix="bench-semantics-"))
+    rows: list[list[Any]] = []
+    results: list[Result] = []
+    for distinct in (False, True):
+        for nproc in (1, 2, 4):
+            if distinct and nproc == 1:
+                continue  # the same as one counter
+            runs: dict[str, list[dict[str, float]]] = {"raw": [], "guarded": []}
+            for r in range(repeats):  # interleaved
+                for impl in ("raw", "guarded"):
+                    tag = f"{'d' if distinct else 'c'}{nproc}-{r}"
+                    runs[impl].append(guarded_round(tmp, tag, impl, nproc, distinct, seconds))
+            g = max(runs["guarded"], key=lambda x: x["rate"])
+            raw = max(runs["raw"], key=lambda x: x["rate"])
+            g_cpu = min(x["cpu_us"] for x in runs["guarded"])
+            raw_cpu = min(x["cpu_us"] for x in runs["raw"])
+            ratio, cpu_ratio = g["rate"] / raw["rate"], raw_cpu / g_cpu
+            tried = g["ok"] + g["stale"]
+            what = "one key per process" if distinct else "one shared counter"
+            rows.append([
+                what, nproc, fmt(g["rate"], "/s"),
+                f"{int(g['stale']):,} ({g['stale'] / max(tried, 1):.0%})",
+                fmt(raw["rate"], "/s"), f"{ratio:.2f}x", f"{g_cpu:,.0f} / {raw_cpu:,.0f} us",
+                f"{cpu_ratio:.2f}x",
+            ])  # fmt: skip
+            results.append(Result("semantics", f"guarded writes, {what}, {nproc} proc", g["rate"],
+                                  "writes/s", raw["rate"], ratio, "-", None))  # fmt: skip
+    print()
+    print(f"2. guarded read-increment-write, sqlite:///, {seconds:g} s per run, best of {repeats}"
+          " runs (rates: successful writes/s over all processes)")  # fmt: skip
+    table(["keys", "procs", "guarded ok", "StaleVersion (of tries)", "raw BEGIN IMMEDIATE",
+           "ratio", "CPU/write guarded / raw", "CPU ratio"], rows)  # fmt: skip
+    return results
+
+
+# -- 3. keep_all reads ----------------------------------------------------------------------------
+
+KEEP_ALL = {"facts": CollectionSpec(kind="map", conflict="keep_all")}
+
+
+def _time_gets(get: Callable[[str], Any], keys: list[str], budget: float) -> tuple[float, float]:
+    """Wall and CPU seconds per get, looping over ``keys`` for at least ``budget`` seconds."""
+    n = 0
+    c0, t0 = time.process_time(), time.perf_counter()
+    while True:
+        for k in keys:
+            get(k)
+        n += len(keys)
+        if time.perf_counter() - t0 >= budget:
+            break
+    return (time.perf_counter() - t0) / n, (time.process_time() - c0) / n
+
+
+def _time_first_gets(
+    rec: crdtstore.Record, get: Callable[[str], Any], keys: list[str], samples: int
+) -> tuple[float, float]:
+    """Median wall and CPU seconds of the first get after a change."""
+    walls, cpus = [], []
+    for k in keys[:samples]:
+        rec._invalidate_all()  # stands in for a write to the collection
+        c0, t0 = time.process_time(), time.perf_counter()
+        get(k)
+        walls.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
+    return median(walls), median(cpus)
+
+
+async def keep_all_round(
+    nkeys: int, siblings: int, budget: float, samples: int
+) -> dict[str, float]:
+    keys = [f"key{i}" for i in range(nkeys)]
+    async with contextlib.AsyncExitStack() as stack:  # stores close in reverse order
+        lww_store = await stack.enter_async_context(crdtstore.open_store("memory://"))
+        lww_rec = await stack.enter_async_context(lww_store.open_record(run="r", agent="a0"))
+        plain = lww_rec.map("plain")
+        await plain.update({k: f"value of {k} from a0" for k in keys})
+        stores = [
+            await stack.enter_async_context(crdtstore.open_store("memory://"))
+            for _ in range(siblings)
+        ]
+        recs = [
+            await stack.enter_async_context(
+                s.open_record(run="r", agent=f"a{i}", schema=KEEP_ALL)
+            )
+            for i, s in enumerate(stores)
+        ]
+        for i, r in enumerate(recs):
+            await r.map("facts").update({k: f"value of {k} from a{i}" for k in keys})
+            await r.flush()
+        dst = recs[0]
+        updates = [e.update for s in stores[1:] for e in await s.journal("r", limit=1_000_000)]
+        if updates:
+            await dst.apply_update(crdtstore.tree_merge(updates))
+        facts = dst.map("facts")
+        got = facts.get(keys[0])
+        if siblings > 1:
+            assert isinstance(got, Conflict), got
+            assert len(got.siblings) == siblings, got
+        else:
+            assert got == f"value of {keys[0]} from a0", got
+        assert len(facts) == nkeys
+        out = {}
+        out["lww"], out["lww_cpu"] = _time_gets(plain.get, keys, budget)
+        out["ka"], out["ka_cpu"] = _time_gets(facts.get, keys, budget)
+        out["lww_first"], out["lww_first_cpu"] = _time_first_gets(lww_rec, plain.get, keys, samples)
+        out["ka_first"], out["ka_first_cpu"] = _time_first_gets(dst, facts.get, keys, samples)
+    return out
+
+
+def part_keep_all(
+    args: argparse.Namespace, nkeys: int, budget: float, repeats: int, samples: int
+) -> list[Result]:
+    rows: list[list[Any]] = []
+    results: list[Result] = []
+    for siblings in (1, 10, 100):
+        runs = [
+            anyio.run(keep_all_round, nkeys, siblings, budget, samples, backend=args.backend)
+            for _ in range(repeats)
+        ]
+        best = {k: min(r[k] for r in runs) for k in runs[0]}
+        us = {k: v * 1e6 for k, v in best.items()}
+        ratio, cpu_ratio = us["ka"] / us["lww"], us["ka_cpu"] / us["lww_cpu"]
+        first_ratio = us["ka_first"] / us["lww_first"]
+        first_cpu_ratio = us["ka_first_cpu"] / us["lww_first_cpu"]
+        rows.append([
+            siblings, f"{us['ka']:.1f} us", f"{us['lww']:.2f} us", f"{ratio:.1f}x",
+            f"{cpu_ratio:.1f}x", f"{us['ka_first']:,.0f} us", f"{us['lww_first']:.2f} us",
+            f"{first_ratio:,.0f}x", f"{first_cpu_ratio:,.0f}x",
+        ])  # fmt: skip
+        results.append(Result("semantics", f"keep_all get, {siblings} siblings", us["ka"],
+                              "us/get", us["lww"], ratio, "-", None))  # fmt: skip
+        results.append(Result("semantics", f"keep_all first get after a change, {siblings}"
+                              " siblings", us["ka_first"], "us/get", us["lww_first"],
+                              first_ratio, "-", None))  # fmt: skip
+    print()
+    print(f"3. keep_all get vs lww get, memory://, {nkeys} keys, plain string values, best of"
+          f" {repeats} runs (warm: >= {budget:g} s of gets; first get after a change: median of"
+          f" {samples})")  # fmt: skip
+    table(["siblings/key", "keep_all warm", "lww warm", "ratio", "CPU ratio",
+           "keep_all first get", "lww first get", "ratio", "CPU ratio"], rows)  # fmt: skip
+    return results
+
+
+# -- main -----------------------------------------------------------------------------------------
+
+
+def child_main(argv: list[str]) -> int:
+    if argv[0] == "raw":
+        res = child_raw(argv[1], argv[2], float(argv[3]))
+    else:
+        res = anyio.run(child_guarded, argv[1], argv[2], argv[3], float(argv[4]))
+    sys.stdout.write(json.dumps(res) + "\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--child"]:
+        return child_main(argv[1:])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="smaller sizes (each part < ~30 s)")
+    ap.add_argument("-n", type=int, default=None, help="writes per run in part 1")
+    ap.add_argument("--repeats", type=int, default=None, help="runs per variant")
+    ap.add_argument("--seconds", type=float, default=None, help="loop time of part 2 children")
+    ap.add_argument("--only", default=",".join(PARTS), help="comma-separated parts")
+    ap.add_argument("--backend", default="asyncio", choices=["asyncio", "trio"])
+    args = ap.parse_args(argv)
+    n = args.n or (5_000 if args.quick else 20_000)
+    repeats = args.repeats or (3 if args.quick else 5)
+    seconds = args.seconds or (1.0 if args.quick else 4.0)
+    parts = [p.strip() for p in args.only.split(",") if p.strip()]
+    for p in parts:
+        if p not in PARTS:
+            ap.error(f"unknown part {p!r} (choose from {', '.join(PARTS)})")
+    header("semantics: declared rules, guarded writes, keep_all reads (issue 3)", args)
+    results: list[Result] = []
+    for p in parts:
+        t0 = time.perf_counter()
+        if p == "declared":
+            results += part_declared(args, n, repeats)
+        elif p == "guarded":
+            results += part_guarded(args, seconds, 1 if args.quick else 3)
+        else:
+            results += part_keep_all(
+                args, 100, 0.1 if args.quick else 0.5, repeats, 5 if args.quick else 20
+            )
+        print(f"({p}: {time.perf_counter() - t0:.1f} s)", flush=True)
+    for r in results:
+        r.emit()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
