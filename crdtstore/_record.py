@@ -429,7 +429,7 @@ class Record:
     def owner(self, collection: str, key: str) -> str | None:
         """StateView: the agent that created the entry. Under the owner policy only the creator
         can change an entry, so the writer of the current value is the creator."""
-        meta = self.replica.index.get(collection, {}).get(key)
+        meta = self.replica.meta(collection, key)
         return None if meta is None else meta.agent
 
     def length(self, collection: str, kind: str) -> int:
@@ -513,7 +513,7 @@ class Record:
         """The version of ``collection[key]``: the journal position of the write that made
         its current value (0 if never written; None while that write is not journaled yet,
         call :meth:`flush` first)."""
-        meta = self.replica.index.get(collection, {}).get(key)
+        meta = self.replica.meta(collection, key)
         return 0 if meta is None else meta.seq
 
     def current_version(self, collection: str | None = None) -> Version:
@@ -714,7 +714,7 @@ class Record:
         batch: _List[tuple[bytes, _List[Op], Meta]],
         seqs: _List[int],
     ) -> int | None:
-        meta = self.replica.index.get(name, {}).get(key)
+        meta = self.replica.meta(name, key)
         if meta is None:
             return 0
         if meta.seq is not None:
@@ -986,7 +986,7 @@ class Record:
 
     def provenance(self, collection: str, key: str) -> Provenance | None:
         """Who wrote the current value of ``collection[key]`` (None if never written)."""
-        meta = self.replica.index.get(collection, {}).get(key)
+        meta = self.replica.meta(collection, key)
         if meta is None:
             return None
         return Provenance(

@@ -28,7 +28,7 @@ State = Literal["waiting", "granted"]
 MAX_WATCH = 16
 
 
-@dataclass
+@dataclass(slots=True)
 class Req:
     """One row of the lease table."""
 

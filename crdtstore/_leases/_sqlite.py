@@ -265,17 +265,18 @@ class SQLiteLeases(TableBackend):
         self._cursor = self._cursor_db = None
 
     async def _ensure(self) -> sqlite3.Connection:
+        """The lease connection (checked: open, not inherited through fork), tables made."""
         if not self._ready:
             await self.journal._write(create_tables)
             self._ready = True
-        db = self.journal._lease_db
-        if db is None:
-            db = await anyio.to_thread.run_sync(self.journal.lease_connection)
-        return db
+        if self.journal._lease_db is None:
+            return await anyio.to_thread.run_sync(self.journal.lease_connection)
+        return self.journal.lease_connection()
 
     async def _transact(self, fn: Callable[[Table], T], *, shield: bool = False) -> T:
-        db = self.journal._lease_db if self._ready else None
-        if db is None:
+        if self._ready and self.journal._lease_db is not None:
+            db = self.journal.lease_connection()
+        else:
             db = await self._ensure()
         # No checkpoint on the fast path: the transaction runs to its commit without
         # suspending, so cancellation can only land before it starts or after the caller

@@ -102,7 +102,6 @@ def _cells_of_replica(replica: Replica, keep_all: Iterable[str]) -> list[Cell]:
     out: list[Cell] = []
     for name, kind in replica.collections().items():
         value = replica.read(name, kind)
-        index = replica.index.get(name, {})
         if kind == "map" and (name in declared or _keep_all_physical(value)):
             groups: dict[str, list[tuple[str, dict[str, Any]]]] = {}
             for pkey, entry in value.items():
@@ -112,7 +111,7 @@ def _cells_of_replica(replica: Replica, keep_all: Iterable[str]) -> list[Cell]:
             for key in sorted(groups):
                 sibs = sorted(groups[key], key=lambda te: (float(te[1].get("t", 0)), te[0]))
                 for token, entry in sibs:
-                    meta = index.get(f"{key}{SEP}{token}")
+                    meta = replica.meta(name, f"{key}{SEP}{token}")
                     out.append(
                         Cell(
                             name,
@@ -129,7 +128,7 @@ def _cells_of_replica(replica: Replica, keep_all: Iterable[str]) -> list[Cell]:
                     )
         elif kind == "map":
             for key in sorted(value):
-                meta = index.get(key)
+                meta = replica.meta(name, key)
                 out.append(
                     Cell(
                         name,
