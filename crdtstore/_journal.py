@@ -218,8 +218,13 @@ class JournalBackend(ABC):
         """
 
     @abstractmethod
-    async def read(self, tenant: str, run: str, after: int, limit: int = 10_000) -> list[Row]:
-        """Entries with ``seq > after`` in ``seq`` order (at most ``limit``)."""
+    async def read(
+        self, tenant: str, run: str, after: int, limit: int = 10_000, *, skip_client: int = -1
+    ) -> list[Row]:
+        """Entries with ``seq > after`` in ``seq`` order (at most ``limit``).
+
+        Entries of client ``skip_client`` may come back without their update and effect
+        (a record tailing the journal already holds its own writes)."""
 
     @abstractmethod
     async def head(self, tenant: str, run: str) -> int:

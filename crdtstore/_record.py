@@ -847,7 +847,11 @@ class Record:
             event = self._watch.event  # take it before reading: no wake-up can fall between
             try:
                 rows = await self._backend.read(
-                    self.tenant, self._jrun, self.applied_seq, READ_CHUNK
+                    self.tenant,
+                    self._jrun,
+                    self.applied_seq,
+                    READ_CHUNK,
+                    skip_client=self.replica.client_id,
                 )
             except CrdtStoreError as exc:  # a busy or vanished database: try again later
                 log.warning("reading the journal of %s/%s failed: %s", self.tenant, self.run, exc)
@@ -856,6 +860,7 @@ class Record:
                 await self._apply_remote(rows)
                 if len(rows) == READ_CHUNK:
                     continue
+            del rows  # do not hold the last chunk while idle
             with anyio.move_on_after(poll):
                 await event.wait()
 

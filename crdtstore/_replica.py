@@ -547,5 +547,6 @@ class Replica:
                 for key, value in keys.items():
                     target.setdefault(key, value)
 
+
 def now() -> float:
     return time.time()

@@ -146,7 +146,9 @@ class MemoryJournal(JournalBackend):
             seqs.append(r.head)
         return seqs
 
-    async def read(self, tenant: str, run: str, after: int, limit: int = 10_000) -> list[Row]:
+    async def read(
+        self, tenant: str, run: str, after: int, limit: int = 10_000, *, skip_client: int = -1
+    ) -> list[Row]:
         rows = self._run(tenant, run).rows
         if not rows or rows[-1].seq <= after:
             return []

@@ -397,13 +397,18 @@ class SQLiteJournal(JournalBackend):
 
     _COLS = "seq, agent, source, client_id, wall_time, upd, effect, crc, origin"
 
-    async def read(self, tenant: str, run: str, after: int, limit: int = 10_000) -> list[Row]:
+    async def read(
+        self, tenant: str, run: str, after: int, limit: int = 10_000, *, skip_client: int = -1
+    ) -> list[Row]:
         rid = await self._run_id(tenant, run)
+        # the skipped client's own entries come back light: no update bytes, no effect to parse
         raw = await self._read(
             lambda db: db.execute(
-                f"SELECT {self._COLS} FROM journal WHERE run_id = ? AND seq > ?"
-                " ORDER BY seq LIMIT ?",
-                (rid, after, limit),
+                "SELECT seq, agent, source, client_id, wall_time,"
+                " CASE WHEN client_id = ? THEN X'' ELSE upd END,"
+                " CASE WHEN client_id = ? THEN '[]' ELSE effect END, crc, origin"
+                " FROM journal WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+                (skip_client, skip_client, rid, after, limit),
             ).fetchall()
         )
         return self._rows(raw)

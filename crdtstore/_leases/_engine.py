@@ -59,6 +59,8 @@ class Req:
 
 def check_ttl(ttl: object) -> float:
     """Raises ``InvalidValue`` unless ``MIN_TTL <= ttl <= MAX_TTL`` (seconds)."""
+    if type(ttl) is float and MIN_TTL <= ttl <= MAX_TTL:
+        return ttl  # the common case (NaN and infinities fail the comparison)
     if isinstance(ttl, bool) or not isinstance(ttl, (int, float)):
         raise InvalidValue(f"lease ttl must be a number of seconds, not {ttl!r}")
     if not math.isfinite(ttl) or not MIN_TTL <= ttl <= MAX_TTL:
@@ -340,7 +342,7 @@ class Table:
                 "expires_in": r.expires - now,
                 "key": r.key,
                 "wake_in": wake_in,
-                "watch_pids": tuple(sorted(set(watch))[:MAX_WATCH]),
+                "watch_pids": tuple(sorted(set(watch))[:MAX_WATCH]) if watch else (),
             }
         )
 

@@ -8,11 +8,12 @@ Every transition is one ``BEGIN IMMEDIATE`` transaction that applies the :mod:`.
 transition to the lease rows (a handful: holders and waiters, never history) and writes back
 only what changed. It is built to cost little more than the bare transaction:
 
-- it runs on the lease connection (:meth:`SQLiteJournal.lease_connection`, busy timeout 0),
-  inline on the event loop thread: a transition is tens of microseconds, less than the hop to
-  a worker thread. When another connection holds the write lock, ``BEGIN IMMEDIATE`` fails at
-  once and the transition retries after a short, growing sleep (0.1 ms .. 4 ms) that does not
-  block the event loop, for up to 30 s like the journal's own busy timeout;
+- it runs on the lease connection (:meth:`SQLiteJournal.lease_connection`, busy timeout 0,
+  one reused cursor), inline on the event loop thread: a transition is tens of microseconds,
+  less than the hop to a worker thread. When another connection holds the write lock,
+  ``BEGIN IMMEDIATE`` fails at once and the transition retries after a short, growing sleep
+  (0.1 ms .. 4 ms) that does not block the event loop, for up to 30 s like the journal's own
+  busy timeout (release and cancel retry shielded from cancellation);
 - the rows are kept in memory between transitions. ``PRAGMA data_version`` (read inside the
   transaction, under the write lock) changes whenever another connection, in this process or
   another, committed anything to the file; only then are the rows read again. A transition
@@ -22,7 +23,8 @@ only what changed. It is built to cost little more than the bare transaction:
   single b-tree page: the WAL frame per commit is most of the cost of a small transaction.
 
 The table is created on first use; a store written by an earlier version (``lease_requests``
-plus ``lease_counters``) is migrated in the same transaction.
+plus ``lease_counters``) is migrated in the same transaction. Processes of that earlier version
+must not use the store at the same time (they would queue in the old tables).
 """
 
 from __future__ import annotations
