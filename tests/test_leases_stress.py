@@ -153,7 +153,7 @@ def _stop_one_in_its_critical_section(slots: list[LeaseProc], deadline: float) -
         for p in slots:
             with p._cond:
                 last = p.lines[-1][1] if p.lines else ""
-            if last.startswith("READ") and p.proc.poll() is None:
+            if last.startswith("READ ") and p.proc.poll() is None:
                 os.kill(p.pid, signal.SIGSTOP)
                 t0 = time.monotonic()
                 while time.monotonic() - t0 < 2 * TTL:
