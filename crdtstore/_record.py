@@ -65,6 +65,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("crdtstore.record")
 
 READ_CHUNK = 10_000
+_ABSENT: Any = object()
 
 
 class _Subscriber:
@@ -474,8 +475,9 @@ class Record:
             if op[1] != name:
                 continue
             if kind == "map":
-                if op[3] in root:
-                    nbytes += value_size(root[op[3]])
+                old = root.get(op[3], _ABSENT)  # one lookup (each is a read transaction)
+                if old is not _ABSENT:
+                    nbytes += value_size(old)
                     entries += 1
             elif op[2] == "del":
                 if kind == "list":
