@@ -5,6 +5,7 @@
     crdtstore demo [--agents 4] [--writes 50] [--store demo-store/store.db] [--run NAME]
     crdtstore journal URL [--run R] [--json] [--after N] [--limit N]
     crdtstore inspect URL --run R [--json]
+    crdtstore history URL --run R --collection C --key K [--json]
     crdtstore compact URL --run R [--drop-journal]
     crdtstore token --tenant T --run R --agent A [--rw | --ro] [--ttl SECONDS]
     crdtstore serve --store URL [--host H] [--port P] [--secret-file F]
@@ -48,7 +49,16 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from . import CrdtStoreError, JournalEntry, Record, RunInfo, Store, _demo, open_store
+from . import (
+    CrdtStoreError,
+    HistoryEntry,
+    JournalEntry,
+    Record,
+    RunInfo,
+    Store,
+    _demo,
+    open_store,
+)
 from ._cli_leases import leases_command
 
 T = TypeVar("T")
@@ -129,6 +139,12 @@ def _short(value: Any, width: int = 60) -> str:
 
 def _clock(wall_time: float) -> str:
     return datetime.fromtimestamp(wall_time).strftime("%H:%M:%S.%f")[:-3]
+
+
+def _days_caption(wall_times: list[float]) -> str | None:
+    """The caption "times are local, on DAY (to DAY)" of a table of clock times; None if empty."""
+    days = sorted({datetime.fromtimestamp(t).date().isoformat() for t in wall_times})
+    return f"times are local, on {' to '.join(days[:: max(len(days) - 1, 1)])}" if days else None
 
 
 def _op_summary(op: list[Any]) -> str:
@@ -335,7 +351,6 @@ def journal(
             )
         )
         return
-    days = sorted({datetime.fromtimestamp(e.wall_time).date().isoformat() for e in entries})
     table = Table(
         "seq",
         "agent",
@@ -344,9 +359,7 @@ def journal(
         "size",
         "effect",
         title=f"Journal of run {info.run!r} (head {info.head}, snapshot at {info.snapshot_seq})",
-        caption=f"times are local, on {' to '.join(days[:: max(len(days) - 1, 1)])}"
-        if days
-        else None,
+        caption=_days_caption([e.wall_time for e in entries]),
     )
     _fixed_but(table, 5)
     for e in entries:
@@ -406,6 +419,106 @@ def inspect(
         typer.echo(json.dumps(data, ensure_ascii=False))
     else:
         console.print(tree)
+
+
+# -- history ------------------------------------------------------------------------------------
+
+
+def _history_json(h: HistoryEntry) -> dict[str, Any]:
+    p = h.provenance
+    return {
+        "seq": p.seq,
+        "wall_time": p.wall_time,
+        "agent": p.agent,
+        "source": p.source,
+        "run": p.run,
+        "value": h.value,
+        "deleted": h.deleted,
+        "redacted": h.redacted,
+    }
+
+
+def _history_value(h: HistoryEntry) -> Text:
+    if h.redacted:
+        return Text("redacted", style="magenta")
+    if h.deleted:
+        return Text("deleted", style="red")
+    return _line(_short(h.value, 200))
+
+
+@app.command()
+def history(
+    url: UrlArg,
+    run: Annotated[str, typer.Option("--run", "-r", help="The run whose journal to read.")],
+    collection: Annotated[
+        str, typer.Option("--collection", "-c", help="The map collection holding the key.")
+    ],
+    key: Annotated[str, typer.Option("--key", "-k", help="The map key.")],
+    as_json: JsonOpt = False,
+    tenant: TenantOpt = "default",
+) -> None:
+    """List every journaled write to one map key, oldest first: position, time, agent,
+    source, run and the value written (or deleted/redacted)."""
+    store_url = _store_url(url)
+
+    async def go() -> tuple[RunInfo, list[HistoryEntry]]:
+        async with open_store(store_url, tenant=tenant) as store:
+            info = await store.run_info(run)
+            return info, await store.history(run, collection, key)
+
+    info, entries = _run_async(go)
+    if as_json:
+        typer.echo(
+            json.dumps(
+                {
+                    "tenant": info.tenant,
+                    "run": info.run,
+                    "collection": collection,
+                    "key": key,
+                    "head": info.head,
+                    "snapshot_seq": info.snapshot_seq,
+                    "entries": [_history_json(h) for h in entries],
+                },
+                ensure_ascii=False,
+            )
+        )
+        return
+    if not entries:
+        dropped = (
+            "; entries compacted away with --drop-journal are not in the history"
+            if info.snapshot_seq > 0
+            else ""
+        )
+        console.print(
+            Text(f"no journaled writes to {collection}[{key!r}] in run {info.run!r}{dropped}"),
+            soft_wrap=True,
+        )
+        return
+    n_agents = len({h.provenance.agent for h in entries})
+    table = Table(
+        "seq",
+        "time",
+        "agent",
+        "source",
+        "run",
+        "value",
+        title=f"History of {collection}[{key!r}] in run {info.run!r} "
+        f"({len(entries)} write{'s' if len(entries) != 1 else ''} "
+        f"by {n_agents} agent{'s' if n_agents != 1 else ''})",
+        caption=_days_caption([h.provenance.wall_time for h in entries]),
+    )
+    _fixed_but(table, 5)
+    for h in entries:
+        p = h.provenance
+        table.add_row(
+            "-" if p.seq is None else str(p.seq),
+            _clock(p.wall_time),
+            p.agent,
+            p.source,
+            p.run,
+            _history_value(h),
+        )
+    console.print(table)
 
 
 # -- compact ------------------------------------------------------------------------------------

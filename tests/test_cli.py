@@ -1,5 +1,5 @@
 """The ``crdtstore`` command, run as a real subprocess: the multi-process demo, and journal,
-inspect and compact against the store the demo wrote."""
+inspect, history and compact against the store the demo wrote."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.Com
 def test_help_lists_the_commands() -> None:
     out = cli("--help")
     assert out.returncode == 0, out.stderr
-    for command in ("demo", "journal", "inspect", "compact"):
+    for command in ("demo", "journal", "inspect", "history", "compact"):
         assert command in out.stdout
 
 
@@ -151,6 +151,74 @@ def test_inspect_shows_the_record_with_provenance(
     assert "status" in tree.stdout and "agent-2 (model)" in tree.stdout
 
 
+def test_history_of_a_contested_key_lists_every_agent(
+    demo: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    db, _ = demo
+    key = _demo.SHARED_KEYS[0]  # each agent's first shared write
+    data = cli_json("history", db, "--run", RUN, "--collection", _demo.SHARED, "--key", key)
+    assert (data["run"], data["collection"], data["key"]) == (RUN, _demo.SHARED, key)
+    entries = data["entries"]
+    assert sorted(e["agent"] for e in entries) == AGENTS
+    seqs = [e["seq"] for e in entries]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+    for e in entries:
+        assert e["value"]["agent"] == e["agent"] and e["source"] == "model" and e["run"] == RUN
+        assert not e["deleted"] and not e["redacted"] and e["wall_time"] > 0
+    current = cli_json("inspect", db, "--run", RUN)["collections"][_demo.SHARED]["entries"][key]
+    assert current["value"] == entries[-1]["value"]  # the last writer won
+
+    table = cli("history", f"sqlite:///{db}", "-r", RUN, "-c", _demo.SHARED, "-k", key)
+    assert table.returncode == 0, table.stderr
+    assert f"History of {_demo.SHARED}['{key}'] in run '{RUN}' (3 writes by 3 agents)" in (
+        table.stdout
+    )
+    for agent in AGENTS:
+        assert agent in table.stdout
+
+
+def test_history_shows_deletes_and_redactions_and_fits_the_terminal(tmp_path: Path) -> None:
+    db = tmp_path / "store.db"
+    with blocking.open_store(f"sqlite:///{db}") as store:
+        for agent, value in (("alice", "x" * 500), ("bob", {"short": True})):
+            with store.open_record(run="r", agent=agent, source="tool") as rec:
+                rec.map("m").set("k", value)
+                rec.flush()
+        with store.open_record(run="r", agent="carol", source="user") as rec:
+            rec.map("m").delete("k")
+            rec.flush()
+        table = cli("history", db, "--run", "r", "--collection", "m", "--key", "k")
+        assert table.returncode == 0, table.stderr
+        lines = table.stdout.splitlines()
+        assert all(len(line) <= 200 for line in lines)  # COLUMNS=200: the long value is cut
+        assert "…" in table.stdout and "x" * 500 not in table.stdout
+        assert [w for w in ("alice", "bob", "carol") if w in table.stdout] == [
+            "alice",
+            "bob",
+            "carol",
+        ]
+        assert "deleted" in next(line for line in lines if "carol" in line)
+        narrow = subprocess.run(
+            [*_command(), "history", str(db), "--run", "r", "--collection", "m", "--key", "k"],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "COLUMNS": "80", "NO_COLOR": "1"},
+            timeout=180,
+        )
+        assert narrow.returncode == 0, narrow.stderr
+        assert all(len(line) <= 80 for line in narrow.stdout.splitlines())
+        assert "alice" in narrow.stdout and "carol" in narrow.stdout
+
+        store.redact("r", "m", "k", agent="admin", reason="secret")
+    entries = cli_json("history", db, "--run", "r", "--collection", "m", "--key", "k")["entries"]
+    assert entries[-1]["redacted"] and entries[-1]["value"] is None
+    assert "redacted" in cli("history", db, "--run", "r", "-c", "m", "-k", "k").stdout
+    empty = cli_json("history", db, "--run", "r", "--collection", "m", "--key", "other")
+    assert empty["entries"] == []
+    none = cli("history", db, "--run", "r", "--collection", "m", "--key", "other")
+    assert none.returncode == 0 and "no journaled writes to m['other'] in run 'r'" in none.stdout
+
+
 def test_compact_keeps_the_record_and_the_journal(
     demo: tuple[Path, subprocess.CompletedProcess[str]],
 ) -> None:
@@ -191,6 +259,10 @@ def test_errors_are_messages_not_tracebacks(
     out = cli("inspect", db, "--run", "nope")
     assert out.returncode == 1
     assert "unknown run 'nope'" in out.stderr and "Traceback" not in out.stderr
+    out = cli("history", db, "--run", "nope", "--collection", "shared", "--key", "hypothesis")
+    assert out.returncode == 1 and out.stdout == ""
+    assert len(out.stderr.splitlines()) == 1  # one line, no traceback
+    assert out.stderr.startswith("error: unknown run 'nope'")
     missing = tmp_path / "missing.db"
     out = cli("journal", missing, "--run", RUN)
     assert out.returncode == 1 and "no store at" in out.stderr
