@@ -412,6 +412,403 @@ print(next_five)""",
     ),
 ]
 
+NOTEBOOKS["04_leases_and_claims"] = [
+    (
+        "md",
+        """\
+# 04 · Leases and claims: who may touch what, and when
+
+Merging is not always what you want: two agents rewriting one source file, or doing the
+same work item twice, is wasted (or harmful) work. For that a store has **leases**:
+exclusive, all-or-nothing, FIFO per resource, with a TTL renewed in the background and a
+**fencing token** that strictly increases per resource. A `claim` is a lease on a work item
+(`item:<collection>/<id>`) plus an entry in the map `claims` that every agent sees.
+
+Here several agents (asyncio tasks in this one process) share one SQLite store in a temporary
+folder. Each phase below opens the store anew; leases, tokens and the journal live in the
+file, so they carry over. Every request, grant and release is timestamped for the Gantt
+chart at the end.""",
+    ),
+    (
+        "code",
+        """\
+%matplotlib inline
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+
+import crdtstore
+
+folder = tempfile.TemporaryDirectory()
+URL = f"sqlite:///{Path(folder.name) / 'store.db'}"
+RUN = "leases-demo"
+T0 = time.monotonic()
+spans = []  # (agent, resource label, kind "wait" | "hold", start, end, token)
+
+
+def now():
+    return time.monotonic() - T0
+
+
+def show(status):
+    \"\"\"Holders and waiters, in rank (arrival) order.\"\"\"
+    rows = [("holder", i) for i in status.holders] + [("waiter", i) for i in status.waiters]
+    print(f"{'':7} {'rank':>4}  {'owner':8} {'token':>5}  {'blocked by':10}  resources")
+    for role, i in sorted(rows, key=lambda r: r[1].rank):
+        blocked = ",".join(map(str, i.blocked_by)) or "-"
+        token = "-" if i.token is None else i.token
+        resources = ", ".join(i.resources)
+        print(f"{role:7} {i.rank:>4}  {i.owner:8} {token:>5}  {blocked:10}  {resources}")""",
+    ),
+    (
+        "md",
+        """\
+## A FIFO queue
+
+`alice` holds `src/app.py`. Then, in this order, `bob` asks for `src/app.py`, `carol` for
+`src/app.py` *and* `src/util.py` (all or nothing), and `erin` for `src/util.py` alone. Each
+one holds what it gets for 0.3 s, then releases it.""",
+    ),
+    (
+        "code",
+        """\
+async def worker(store, agent, resources, granted=None, hold=0.3):
+    asked = now()
+    async with store.lease(resources, ttl=2, owner=agent) as lease:
+        got = now()
+        if granted is not None:
+            granted.set()
+        await asyncio.sleep(hold)
+    done = now()
+    for res in resources:
+        spans.append((agent, res, "wait", asked, got, None))
+        spans.append((agent, res, "hold", got, done, lease.token))
+    return lease.token
+
+
+async def until_waiting(store, n):
+    \"\"\"Wait until ``n`` requests are queued (so that the arrival order is the one we want).\"\"\"
+    for _ in range(200):
+        if len((await store.leases.status()).waiters) >= n:
+            return
+        await asyncio.sleep(0.01)
+    raise TimeoutError(f"{n} waiters never showed up")
+
+
+async with crdtstore.open_store(URL) as store:
+    alice_in = asyncio.Event()
+    tasks = [asyncio.create_task(worker(store, "alice", ["src/app.py"], alice_in))]
+    await alice_in.wait()
+    arrivals = [
+        ("bob", ["src/app.py"]),
+        ("carol", ["src/app.py", "src/util.py"]),
+        ("erin", ["src/util.py"]),
+    ]
+    for n, (agent, resources) in enumerate(arrivals, start=1):
+        tasks.append(asyncio.create_task(worker(store, agent, resources)))
+        await until_waiting(store, n)
+    queue = await store.leases.status()
+    tokens = await asyncio.gather(*tasks)
+    after = await store.leases.status()
+
+show(queue)""",
+    ),
+    (
+        "md",
+        """\
+`blocked by` gives the ranks each waiter waits behind. `erin` waits although nobody holds
+`src/util.py`: `carol`, who came first, wants it too, and a waiting request reserves its
+resources against every later one. So nobody starves, and since a request only ever waits on
+earlier ones, there is no deadlock. The grants came in that order, each with a new token:""",
+    ),
+    (
+        "code",
+        """\
+for agent, token in zip(["alice", "bob", "carol", "erin"], tokens, strict=True):
+    print(f"{agent:6} token {token}")
+print("left in the queue:", len(after.holders) + len(after.waiters))""",
+    ),
+    (
+        "md",
+        """\
+## A holder that stalls, and fencing
+
+`frank` takes `src/util.py` with a short TTL (0.5 s) and writes under it: a *fenced* write,
+`rec.map("files").set(path, value, lease=lease)`, checked in the same transaction as the
+write. Then `frank` calls a blocking tool (`time.sleep(1.5)`): the whole event loop stops,
+heartbeats included. His grant expires, it is reaped, and `grace`, who was waiting, gets the
+file with a newer token. When `frank` wakes up he still has his `Lease` object and tries to
+write again: the store refuses it (`LeaseLost`), so the stale write never lands.""",
+    ),
+    (
+        "code",
+        """\
+async with (
+    crdtstore.open_store(URL) as store,
+    store.open_record(RUN, "frank") as frank_rec,
+    store.open_record(RUN, "grace") as grace_rec,
+):
+    grace_in = asyncio.Event()
+
+    async def grace():
+        asked = now()
+        async with store.lease(["src/util.py"], ttl=5, owner="grace") as lease:
+            got = now()
+            grace_in.set()
+            value = {"by": "grace", "lines": 80}
+            await grace_rec.map("files").set("src/util.py", value, lease=lease)
+            await asyncio.sleep(0.3)
+        spans.append(("grace", "src/util.py", "wait", asked, got, None))
+        spans.append(("grace", "src/util.py", "hold", got, now(), lease.token))
+
+    old = await store.lease(["src/util.py"], ttl=0.5, owner="frank").acquire()
+    frank_got = now()
+    await frank_rec.map("files").set("src/util.py", {"by": "frank", "lines": 40}, lease=old)
+    print(f"frank holds src/util.py, token {old.token}; his first write is in")
+    waiting = asyncio.create_task(grace())
+    await until_waiting(store, 1)
+    time.sleep(1.5)  # a blocking call: no heartbeat for 1.5 s, the TTL is 0.5 s
+    frank_stalled = now()
+    await asyncio.wait_for(grace_in.wait(), 10)
+    during = await store.leases.status()
+    show(during)
+    try:
+        await frank_rec.map("files").set("src/util.py", {"by": "frank", "lines": 41}, lease=old)
+        print("frank's stale write went through (it should not have)")
+    except crdtstore.LeaseLost as exc:
+        print(f"\\nfrank's stale write with token {old.token} was refused: {exc}")
+    try:
+        await old.release()
+    except crdtstore.LeaseLost:
+        print("frank's release reports the loss too: lost =", old.lost)
+    spans.append(("frank", "src/util.py", "hold", frank_got, frank_stalled, old.token))
+    await waiting
+    await grace_rec.sync()
+    print("\\nfiles['src/util.py'] =", grace_rec.map("files").get("src/util.py"),
+          "| written by", grace_rec.map("files").provenance("src/util.py").agent)""",
+    ),
+    (
+        "md",
+        """\
+## Claims: each work item done once
+
+Three agents go through the same list of six tasks. `rec.claim("tasks", id)` takes an item
+or raises `LeaseHeld` at once (someone is on it, or it is already done); the agent then moves
+on to the next one. `claim.complete(result=...)` records the result in the map `claims`
+(a fenced write) and releases the item. Who gets which task depends on timing; that every
+task is done exactly once does not.""",
+    ),
+    (
+        "code",
+        """\
+TASKS = [f"t{i}" for i in range(1, 7)]
+attempts = []  # (agent, task, outcome)
+
+async with (
+    crdtstore.open_store(URL) as store,
+    store.open_record(RUN, "ana") as r1,
+    store.open_record(RUN, "ben") as r2,
+    store.open_record(RUN, "cleo") as r3,
+):
+
+    async def agent(rec):
+        for n, task in enumerate(TASKS):
+            try:
+                claim = await rec.claim("tasks", task, ttl=5)
+            except crdtstore.LeaseHeld:
+                attempts.append((rec.agent, task, "held or done"))
+                continue
+            got = now()
+            attempts.append((rec.agent, task, "claimed"))
+            await asyncio.sleep(0.1 + 0.05 * (n % 3))  # the work
+            await claim.complete(result={"ok": True, "by": rec.agent})
+            spans.append((rec.agent, f"item:tasks/{task}", "hold", got, now(), claim.token))
+
+    await asyncio.gather(agent(r1), agent(r2), agent(r3))
+    await r1.sync()
+    claims = r1.map("claims").to_dict()
+
+for task in TASKS:
+    c = claims[f"tasks/{task}"]
+    ok = c["result"]["ok"]
+    print(f"{task}: {c['state']:5} by {c['claimer']:5} (token {c['token']}), result ok={ok}")
+done = [c["claimer"] for c in claims.values() if c["state"] == "done"]
+print("tasks done:", len(done), "| claimed successfully:", sum(a[2] == "claimed" for a in attempts),
+      "| turned away:", sum(a[2] != "claimed" for a in attempts))""",
+    ),
+    (
+        "md",
+        """\
+## Who held what, over time
+
+One lane per resource; a bar per grant, coloured by agent and labelled with its fencing
+token; thin grey bars under a lane are time spent waiting in the queue. Hatched: the time
+`frank` *believed* he held `src/util.py`: his grant had expired 0.5 s after he got it, and
+`grace` got the file (with a newer token) as soon as the event loop ran again.""",
+    ),
+    (
+        "code",
+        """\
+from matplotlib.figure import Figure
+
+lanes = sorted({s[1] for s in spans}, key=lambda r: (r.startswith("item:"), r))
+agents = sorted({s[0] for s in spans})
+colours = {a: f"C{i}" for i, a in enumerate(agents)}
+fig = Figure(figsize=(9, 4.5), layout="constrained")
+ax = fig.add_subplot()
+for agent, res, kind, start, end, token in spans:
+    y = lanes.index(res)
+    if kind == "wait":  # a thin bar just under the lane
+        ax.broken_barh([(start, end - start)], (y + 0.38, 0.08), color="0.6")
+        continue
+    ax.broken_barh([(start, end - start)], (y - 0.35, 0.7), color=colours[agent],
+                   alpha=0.85, edgecolor="k", linewidth=0.5)
+    ax.text(start + (end - start) / 2, y, f"{agent}·{token}", ha="center", va="center", fontsize=7)
+# what frank believed he held after his TTL ran out
+believed = (frank_got + old.ttl, frank_stalled - frank_got - old.ttl)
+ax.broken_barh([believed], (lanes.index("src/util.py") - 0.35, 0.7), facecolor="white",
+               hatch="//", edgecolor=colours["frank"], alpha=0.9)
+ax.set_yticks(range(len(lanes)), lanes)
+ax.invert_yaxis()
+ax.set_xlabel("seconds since the start of the notebook")
+ax.set_title("lease grants per resource (label: agent·token); grey: waiting")
+fig""",
+    ),
+]
+
+NOTEBOOKS["05_real_processes"] = [
+    (
+        "md",
+        """\
+# 05 · Real processes: the demo, and its journal afterwards
+
+The earlier notebooks ran agents inside one process. `crdtstore demo` starts real agent
+processes (`python -m crdtstore._demo`) on one SQLite file. Each agent appends findings to a
+list, sets its own keys in a map, overwrites three keys that all of them write, and inserts
+lines into a shared text; each write is acknowledged only once it is in the journal. The demo
+then checks that every acknowledged write is in the merged record (its last lines below).
+
+Here we run it with three agents, then read what they left behind with the public API:
+`store.journal`, `store.history` and the provenance of a record's values.""",
+    ),
+    (
+        "code",
+        """\
+%matplotlib inline
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import crdtstore
+from crdtstore import sim
+
+folder = tempfile.TemporaryDirectory()
+RUN = "demo-notebook"
+command = [sys.executable, "-m", "crdtstore.cli", "demo", "--agents", "3", "--writes", "20",
+           "--store", folder.name, "--run", RUN]
+plain = {**os.environ, "NO_COLOR": "1", "TERM": "dumb", "COLUMNS": "100"}
+plain.pop("FORCE_COLOR", None)
+done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=plain)
+assert done.returncode == 0, done.stderr[-2000:]
+lines = re.sub(r"\\x1b\\[[0-9;]*m", "", done.stdout).splitlines()
+print("\\n".join(line for line in lines if line.startswith(("✓", "VERIFIED"))))""",
+    ),
+    (
+        "md",
+        """\
+## The journal
+
+Every local transaction of every process is one journal entry: who (agent, source), when
+(`wall_time`), its size, and its *effect*, the operations as JSON. We read them all (in
+pages of 1000) and count them per agent and per collection.""",
+    ),
+    (
+        "code",
+        """\
+URL = f"sqlite:///{Path(folder.name) / 'store.db'}"
+async with crdtstore.open_store(URL) as store:
+    print([(r.run, r.head) for r in await store.runs()])
+    entries = []
+    while batch := await store.journal(RUN, after=entries[-1].seq if entries else 0):
+        entries += batch
+    hypothesis = await store.history(RUN, "shared", "hypothesis")
+    async with store.open_record(RUN, "reader", "user", create=False) as rec:
+        shared = {k: (v, rec.map("shared").provenance(k)) for k, v in rec.map("shared").items()}
+        tree = sim.record_tree(rec, width=40)
+
+per_agent = Counter(e.agent for e in entries)
+per_collection = Counter(op[1] for e in entries for op in e.effect)
+print(len(entries), "entries;", dict(sorted(per_agent.items())))
+print("operations per collection:", dict(sorted(per_collection.items())))
+first = entries[0]
+print(f"\\nentry {first.seq}: {first.agent} ({first.source}), {first.size} bytes", first.effect)""",
+    ),
+    (
+        "md",
+        """\
+The processes write at the same time, so their entries interleave in the journal (how
+evenly depends on the operating system's scheduler: with more processes than cores, one may
+wait its turn for a while). Left, the number of entries per agent over time; right, each
+entry as a dot, one lane per agent, coloured by the collection it touched.""",
+    ),
+    (
+        "code",
+        """\
+from matplotlib.figure import Figure
+
+t0 = entries[0].wall_time
+agents = sorted(per_agent)
+collections = sorted(per_collection)
+fig = Figure(figsize=(10, 3.5), layout="constrained")
+left, right = fig.subplots(1, 2)
+for agent in agents:
+    times = [(e.wall_time - t0) * 1000 for e in entries if e.agent == agent]
+    left.step(times, range(1, len(times) + 1), where="post", label=agent)
+left.set_xlabel("ms since the first entry")
+left.set_ylabel("journal entries")
+left.legend()
+for i, name in enumerate(collections):
+    pts = [((e.wall_time - t0) * 1000, agents.index(e.agent)) for e in entries
+           if any(op[1] == name for op in e.effect)]
+    right.scatter([p[0] for p in pts], [p[1] for p in pts], s=18, color=f"C{i}", label=name)
+right.set_yticks(range(len(agents)), agents)
+right.set_ylim(-0.5, len(agents) - 0.5)
+right.set_xlabel("ms since the first entry")
+right.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1, 1))
+fig""",
+    ),
+    (
+        "md",
+        """\
+## Who won, and what the losers wrote
+
+Every agent overwrote the three `shared` keys; last writer wins per key. The record keeps the
+provenance of the value that won (agent, journal position), and `store.history` every value
+the key held, the losing writes included.""",
+    ),
+    (
+        "code",
+        """\
+for key, (value, prov) in sorted(shared.items()):
+    print(f"shared[{key!r}] = {value['says']!r}: {prov.agent}, journal position {prov.seq}")
+print(f"\\nhistory of shared['hypothesis'] ({len(hypothesis)} writes):")
+for h in hypothesis:
+    print(f"  #{h.provenance.seq:>3} {h.provenance.agent}: {h.value['says']}")""",
+    ),
+    (
+        "md",
+        """\
+The merged record as a tree, with the provenance of every map key (the list and the text
+hold every agent's contributions):""",
+    ),
+    ("code", "print(tree)"),
+]
+
 
 def kernel_manager(spec_root: Path) -> KernelManager:
     """A kernel manager that runs this interpreter (the venv's) whatever kernelspecs the
