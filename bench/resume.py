@@ -1,8 +1,9 @@
 """Time to open (resume) a record whose run has 100k or 1M small journal entries, without and
 with a snapshot, plus the compaction (``await store.compact(run)``) time itself.
 
-    python bench/resume.py            # 100k and 1M entries
-    python bench/resume.py --quick    # 100k entries only
+    python bench/resume.py            # 100k (both workloads) and 1M (overwrite): ~3-4 min
+    python bench/resume.py --quick    # 100k entries only: ~1 min
+    python bench/resume.py --sizes 1000000 --workloads distinct   # 1M distinct keys: ~4 min
 
 For each size and workload the journal is written through a record on ``sqlite:///``
 (``batched``, one ``await rec.map("m").set(...)`` per entry, so every update is its own journal
@@ -140,128 +141,129 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--sizes",
         default=None,
-        help="comma-separated entry counts (default 100000,1000000; quick 100000)",
+        help="comma-separated entry counts (default: 100000, plus 1000000 overwrite unless "
+        "--quick)",
     )
     ap.add_argument("--workloads", default="distinct,overwrite")
     ap.add_argument("--repeats", type=int, default=3, help="resumes per case (1 at >= 1M)")
     args = ap.parse_args(argv)
-    sizes = [
-        int(s) for s in (args.sizes or ("100000" if args.quick else "100000,1000000")).split(",")
-    ]
+    sizes = [int(s) for s in (args.sizes or "100000").split(",")]
     workloads = args.workloads.split(",")
+    cases = [(n, w) for n in sizes for w in workloads]
+    if not args.quick and args.sizes is None:
+        cases.append((1_000_000, "overwrite"))  # the 1M distinct-key case is opt-in (slow)
     header("resume: open a record with N journal entries, without and with a snapshot", args)
 
     rows: list[list[Any]] = []
     results: list[Result] = []
     with tempfile.TemporaryDirectory(prefix="crdtstore-bench-") as tmp:
-        for n in sizes:
-            for workload in workloads:
-                path = Path(tmp) / f"{workload}-{n}.db"
-                url = f"sqlite:///{path}"
-                keys = n if workload == "distinct" else min(n, OVERWRITE_KEYS)
-                reps = args.repeats if n < 1_000_000 else 1
-                t_build = anyio.run(build, url, n, workload)
-                print(
-                    f"   built {workload} x{n:,} in {t_build:.1f}s "
-                    f"({n / t_build:,.0f} entries/s, file {path.stat().st_size / 1e6:.0f} MB)",
-                    flush=True,
-                )
-                label = f"{n:,} {workload}"
-                t_journal, note_j = timed_resumes(url, keys, reps)
-                t_raw_journal = median([raw_replay(path, keys) for _ in range(reps)])
-                print(
-                    f"   {label}: resume from journal {t_journal * 1000:,.0f} ms "
-                    f"(raw {t_raw_journal * 1000:,.0f} ms)",
-                    flush=True,
-                )
-                t_compact, snap_bytes = anyio.run(compact, url)
-                print(
-                    f"   {label}: compaction {t_compact * 1000:,.0f} ms, snapshot "
-                    f"{snap_bytes / 1e6:.2f} MB",
-                    flush=True,
-                )
-                t_snap, note_s = timed_resumes(url, keys, max(reps, 3))
-                t_raw_snap = median([raw_snapshot(path, keys) for _ in range(max(reps, 3))])
-                print(
-                    f"   {label}: resume from snapshot {t_snap * 1000:,.0f} ms "
-                    f"(raw {t_raw_snap * 1000:,.0f} ms)",
-                    flush=True,
-                )
-                rows.append(
-                    [
-                        label,
-                        "journal only",
-                        fmt(t_journal * 1000, "ms"),
-                        fmt(t_raw_journal * 1000, "ms"),
-                        f"{t_journal / t_raw_journal:.2f}x",
-                        note_j,
-                    ]
-                )
-                rows.append(
-                    [
-                        label,
-                        "compaction",
-                        fmt(t_compact * 1000, "ms"),
-                        "",
-                        "",
-                        f"snapshot {snap_bytes / 1e6:.2f} MB",
-                    ]
-                )
-                rows.append(
-                    [
-                        label,
-                        "snapshot",
-                        fmt(t_snap * 1000, "ms"),
-                        fmt(t_raw_snap * 1000, "ms"),
-                        f"{t_snap / t_raw_snap:.2f}x",
-                        (
-                            f"target < {TARGET_S * 1000:.0f} ms at 1M: "
-                            + ("met" if t_snap < TARGET_S and not note_s else "MISSED")
-                            if n >= 1_000_000
-                            else ""
-                        )
-                        + (f"; {note_s}" if note_s else ""),
-                    ]
-                )
-                target = f"< {TARGET_S:g} s at 1M entries" if n >= 1_000_000 else "(1M only)"
-                results.append(
-                    Result(
-                        "resume",
-                        f"resume after compaction, {label}"
-                        + (" (default max_update refuses the snapshot)" if note_s else ""),
-                        t_snap,
-                        "s",
-                        t_raw_snap,
-                        t_snap / t_raw_snap,
-                        target,
-                        (t_snap < TARGET_S and not note_s) if n >= 1_000_000 else None,
+        for n, workload in cases:
+            path = Path(tmp) / f"{workload}-{n}.db"
+            url = f"sqlite:///{path}"
+            keys = n if workload == "distinct" else min(n, OVERWRITE_KEYS)
+            reps = args.repeats if n < 1_000_000 else 1
+            t_build = anyio.run(build, url, n, workload)
+            print(
+                f"   built {workload} x{n:,} in {t_build:.1f}s "
+                f"({n / t_build:,.0f} entries/s, file {path.stat().st_size / 1e6:.0f} MB)",
+                flush=True,
+            )
+            label = f"{n:,} {workload}"
+            t_journal, note_j = timed_resumes(url, keys, reps)
+            t_raw_journal = median([raw_replay(path, keys) for _ in range(reps)])
+            print(
+                f"   {label}: resume from journal {t_journal * 1000:,.0f} ms "
+                f"(raw {t_raw_journal * 1000:,.0f} ms)",
+                flush=True,
+            )
+            t_compact, snap_bytes = anyio.run(compact, url)
+            print(
+                f"   {label}: compaction {t_compact * 1000:,.0f} ms, snapshot "
+                f"{snap_bytes / 1e6:.2f} MB",
+                flush=True,
+            )
+            t_snap, note_s = timed_resumes(url, keys, max(reps, 3))
+            t_raw_snap = median([raw_snapshot(path, keys) for _ in range(max(reps, 3))])
+            print(
+                f"   {label}: resume from snapshot {t_snap * 1000:,.0f} ms "
+                f"(raw {t_raw_snap * 1000:,.0f} ms)",
+                flush=True,
+            )
+            rows.append(
+                [
+                    label,
+                    "journal only",
+                    fmt(t_journal * 1000, "ms"),
+                    fmt(t_raw_journal * 1000, "ms"),
+                    f"{t_journal / t_raw_journal:.2f}x",
+                    note_j,
+                ]
+            )
+            rows.append(
+                [
+                    label,
+                    "compaction",
+                    fmt(t_compact * 1000, "ms"),
+                    "",
+                    "",
+                    f"snapshot {snap_bytes / 1e6:.2f} MB",
+                ]
+            )
+            rows.append(
+                [
+                    label,
+                    "snapshot",
+                    fmt(t_snap * 1000, "ms"),
+                    fmt(t_raw_snap * 1000, "ms"),
+                    f"{t_snap / t_raw_snap:.2f}x",
+                    (
+                        f"target < {TARGET_S * 1000:.0f} ms at 1M: "
+                        + ("met" if t_snap < TARGET_S and not note_s else "MISSED")
+                        if n >= 1_000_000
+                        else ""
                     )
+                    + (f"; {note_s}" if note_s else ""),
+                ]
+            )
+            target = f"< {TARGET_S:g} s at 1M entries" if n >= 1_000_000 else "(1M only)"
+            results.append(
+                Result(
+                    "resume",
+                    f"resume after compaction, {label}"
+                    + (" (default max_update refuses the snapshot)" if note_s else ""),
+                    t_snap,
+                    "s",
+                    t_raw_snap,
+                    t_snap / t_raw_snap,
+                    target,
+                    (t_snap < TARGET_S and not note_s) if n >= 1_000_000 else None,
                 )
-                results.append(
-                    Result(
-                        "resume",
-                        f"resume from journal, {label}",
-                        t_journal,
-                        "s",
-                        t_raw_journal,
-                        t_journal / t_raw_journal,
-                        "(informative)",
-                        None,
-                    )
+            )
+            results.append(
+                Result(
+                    "resume",
+                    f"resume from journal, {label}",
+                    t_journal,
+                    "s",
+                    t_raw_journal,
+                    t_journal / t_raw_journal,
+                    "(informative)",
+                    None,
                 )
-                results.append(
-                    Result(
-                        "resume",
-                        f"compaction, {label}",
-                        t_compact,
-                        "s",
-                        None,
-                        None,
-                        "(informative)",
-                        None,
-                    )
+            )
+            results.append(
+                Result(
+                    "resume",
+                    f"compaction, {label}",
+                    t_compact,
+                    "s",
+                    None,
+                    None,
+                    "(informative)",
+                    None,
                 )
-                path.unlink()
+            )
+            path.unlink()
     print()
     table(["entries", "resume from", "crdtstore", "raw sqlite3 + pycrdt", "ratio", "notes"], rows)
     for r in results:
