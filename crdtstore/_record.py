@@ -292,7 +292,9 @@ class Record:
     async def _load(self) -> None:
         snap = await self._backend.load_snapshot(self.tenant, self._jrun)
         if snap is not None:
-            self.replica.apply_update(snap.update)
+            self.replica.apply_update(
+                snap.update, trial_decode=False, size_limit=False
+            )  # our own snapshot
             self.replica.import_state(snap.state)
             self.applied_seq = snap.seq
         while True:
@@ -877,7 +879,9 @@ class Record:
             # the entries we missed were compacted away; the snapshot holds them
             snap = await self._backend.load_snapshot(self.tenant, self._jrun)
             if snap is not None:
-                self.replica.apply_update(snap.update)
+                self.replica.apply_update(
+                    snap.update, trial_decode=False, size_limit=False
+                )  # our own snapshot
         own = self.replica.client_id
         foreign = [r for r in rows if r.client_id != own]
         if foreign:

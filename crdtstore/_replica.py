@@ -351,7 +351,9 @@ class Replica:
 
     # -- applying entries from elsewhere -------------------------------------------------------
 
-    def check_update(self, update: bytes, *, trial_decode: bool = True) -> None:
+    def check_update(
+        self, update: bytes, *, trial_decode: bool = True, size_limit: bool = True
+    ) -> None:
         """Reject update bytes that cannot be right before they reach the document.
 
         Raises:
@@ -360,7 +362,7 @@ class Replica:
         """
         if not isinstance(update, bytes):
             raise InvalidUpdate(f"expected bytes, got {type(update).__name__}")
-        if len(update) > self.max_update:
+        if size_limit and len(update) > self.max_update:
             raise PayloadTooLarge("update", len(update), self.max_update)
         _check_counts(update)
         if not trial_decode:
@@ -375,13 +377,15 @@ class Replica:
                 raise
             raise InvalidUpdate(f"{type(exc).__name__}: {exc}") from None
 
-    def apply_update(self, update: bytes, *, trial_decode: bool = True) -> None:
+    def apply_update(
+        self, update: bytes, *, trial_decode: bool = True, size_limit: bool = True
+    ) -> None:
         """Apply raw update bytes (no provenance).
 
         Raises:
             PayloadTooLarge, InvalidUpdate: see :meth:`check_update`; the doc is unchanged.
         """
-        self.check_update(update, trial_decode=trial_decode)
+        self.check_update(update, trial_decode=trial_decode, size_limit=size_limit)
         # an update from elsewhere may register a name concurrently as another kind (the
         # registry's last writer wins): forget what was cached, the registry is the truth.
         # (Observing the registry instead would change how pycrdt encodes the document.)
@@ -467,7 +471,7 @@ class Replica:
             try:
                 # journal entries passed their checksum: skip the trial decode that
                 # untrusted bytes get (pycrdt leaves the doc intact on bytes it rejects)
-                self.apply_update(row.update, trial_decode=False)
+                self.apply_update(row.update, trial_decode=False, size_limit=False)
             except (InvalidUpdate, PayloadTooLarge) as exc:
                 reason = exc.reason if isinstance(exc, InvalidUpdate) else str(exc)
                 self._skip(JournalCorrupt(run, row.seq, reason))

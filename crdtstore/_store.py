@@ -359,7 +359,9 @@ class Store:
         seq = 0
         snap = await self._backend.load_snapshot(self.tenant, run)
         if snap is not None and snap.seq <= target:
-            replica.apply_update(snap.update)
+            replica.apply_update(
+                snap.update, trial_decode=False, size_limit=False
+            )  # our own snapshot
             replica.import_state(snap.state)
             seq = replica.seq = snap.seq
         while seq < target:

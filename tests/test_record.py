@@ -70,7 +70,8 @@ async def test_map_list_text_roundtrip(url: str) -> None:
 
 async def test_two_records_same_run_see_each_other(url: str) -> None:
     async with (
-        crdtstore.open_store(url) as store, store.open_record(run="r", agent="a") as a,
+        crdtstore.open_store(url) as store,
+        store.open_record(run="r", agent="a") as a,
         store.open_record(run="r", agent="b", source="tool") as b,
     ):
         await a.map("m").set("from_a", 1)
@@ -89,7 +90,8 @@ async def test_two_records_same_run_see_each_other(url: str) -> None:
 
 async def test_changes_feed_local_and_remote(url: str) -> None:
     async with (
-        crdtstore.open_store(url) as store, store.open_record(run="r", agent="a") as a,
+        crdtstore.open_store(url) as store,
+        store.open_record(run="r", agent="a") as a,
         store.open_record(run="r", agent="b") as b,
     ):
         seen: list[Any] = []
@@ -123,7 +125,10 @@ async def test_history_and_provenance(url: str) -> None:
             await a.flush()
             hist = await a.map("m").history("k")
             assert [(h.value, h.deleted) for h in hist] == [
-                ("v1", False), ("v2", False), (None, True), ("v3", False)
+                ("v1", False),
+                ("v2", False),
+                (None, True),
+                ("v3", False),
             ]
             assert [h.provenance.seq for h in hist] == [1, 2, 3, 4]
             prov = a.map("m").provenance("k")
@@ -232,3 +237,22 @@ async def test_delete_run_removes_it(url: str) -> None:
         assert await store.delete_run("r") is True
         assert await store.delete_run("r") is False
         assert await store.runs() == []
+
+
+async def test_own_snapshots_and_entries_are_not_held_to_max_update(url: str) -> None:
+    """max_update bounds bytes from elsewhere; the store's own snapshot of a big record (1M
+    distinct keys made a 17.9 MB one, over the 16 MiB default) must still open."""
+    async with crdtstore.open_store(url, max_update=300) as store:
+        async with store.open_record(run="r", agent="a") as rec:
+            await rec.map("m").set("big", "x" * 500)  # one entry over the limit
+            for i in range(50):
+                await rec.map("m").set(f"k{i}", i)
+        async with store.open_record(run="r", agent="b") as rec:
+            assert rec.map("m")["big"] == "x" * 500
+            assert rec.skipped == []
+        result = await store.compact("r")
+        assert result.snapshot_bytes > 300
+        async with store.open_record(run="r", agent="c") as rec:
+            assert len(rec.map("m")) == 51
+            with pytest.raises(crdtstore.PayloadTooLarge):
+                await rec.apply_update(b"\x00" * 400)
