@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -393,7 +394,13 @@ class SQLiteJournal(JournalBackend):
     @staticmethod
     def _rows(raw: list[Any]) -> list[Row]:
         loads = json.loads
-        return [Row(r[0], r[1], r[2], r[3], r[4], r[5], loads(r[6]), r[7], r[8]) for r in raw]
+        # agent, source and run names repeat on every row: share one string each (the
+        # provenance index keeps them for every key)
+        intern = sys.intern
+        return [
+            Row(r[0], intern(r[1]), intern(r[2]), r[3], r[4], r[5], loads(r[6]), r[7], intern(r[8]))
+            for r in raw
+        ]
 
     _COLS = "seq, agent, source, client_id, wall_time, upd, effect, crc, origin"
 
