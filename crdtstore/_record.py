@@ -34,6 +34,7 @@ from ._errors import (
     CollectionKindMismatch,
     CrdtStoreError,
     InvalidValue,
+    JournalCorrupt,
     LeaseHeld,
     LeaseLost,
     RunClosed,
@@ -105,6 +106,7 @@ class Record:
         create: bool = True,
         schema: Mapping[str, CollectionSpec] | None = None,
         parent: str | None = None,
+        salvage: bool = False,
         max_pending: int = 10_000,
     ) -> None:
         self.run = check_name("run", run)
@@ -123,6 +125,7 @@ class Record:
         self._store = store
         self._backend = store._backend
         self._create = create
+        self._salvage = salvage
         self._max_pending = max_pending
         self.replica = Replica(max_update=store.max_update)
         self._declare = coerce_schema(schema)
@@ -303,6 +306,18 @@ class Record:
                 break
             self.replica.apply_rows(rows, self._jrun)
             self.applied_seq = rows[-1].seq
+        # A skipped entry at the end of the journal is a torn tail: nothing depends on it. One
+        # in the middle may be the left origin of later items, which yrs then keeps pending,
+        # invisible: refuse to open with a silently partial record, unless asked to salvage.
+        buried = [e for e in self.replica.skipped if e.seq < self.applied_seq]
+        if buried and not self._salvage:
+            raise JournalCorrupt(
+                self._jrun,
+                buried[0].seq,
+                f"{len(buried)} damaged entr{'y' if len(buried) == 1 else 'ies'} followed by"
+                " entries that may depend on them; open_record(..., salvage=True) opens what"
+                " can be read",
+            )
 
     # -- collections ----------------------------------------------------------------------------
 

@@ -246,6 +246,7 @@ class Store:
         create: bool = True,
         schema: Mapping[str, CollectionSpec] | None = None,
         parent: str | None = None,
+        salvage: bool = False,
     ) -> Record:
         """The record of ``run`` opened as writer ``agent`` (use with ``async with``).
 
@@ -261,6 +262,10 @@ class Store:
         ``parent`` opens a nested run: it shares the record (and journal) of its root run,
         and its writes are attributed to it (``Provenance.run``, ``JournalEntry.origin_run``);
         deleting the parent deletes it.
+
+        A damaged journal entry at the end of the journal (a torn tail) is skipped and listed
+        in ``rec.skipped``; one followed by other entries raises :class:`JournalCorrupt` on
+        entering, unless ``salvage`` (then the record opens with what can be read).
         """
         self._check_open()
         return Record(
@@ -272,6 +277,7 @@ class Store:
             create=create,
             schema=schema,
             parent=parent,
+            salvage=salvage,
         )
 
     # -- runs and journals --
