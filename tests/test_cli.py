@@ -166,7 +166,12 @@ def test_history_of_a_contested_key_lists_every_agent(
         assert e["value"]["agent"] == e["agent"] and e["source"] == "model" and e["run"] == RUN
         assert not e["deleted"] and not e["redacted"] and e["wall_time"] > 0
     current = cli_json("inspect", db, "--run", RUN)["collections"][_demo.SHARED]["entries"][key]
-    assert current["value"] == entries[-1]["value"]  # the last writer won
+    # the current value is one of the journaled writes, and its provenance names that write
+    # (not necessarily the last one: concurrent writes are won by the higher client id)
+    by_seq = {e["seq"]: e for e in entries}
+    winner = by_seq[current["provenance"]["seq"]]
+    assert current["value"] == winner["value"]
+    assert current["provenance"]["agent"] == winner["agent"]
 
     table = cli("history", f"sqlite:///{db}", "-r", RUN, "-c", _demo.SHARED, "-k", key)
     assert table.returncode == 0, table.stderr
