@@ -274,8 +274,3 @@ class JournalBackend(ABC):
         """An identifier shared by every process that opens the same backend, used to wake
         readers in other processes; None when the backend lives in this process only."""
         return None
-
-
-def effect_keys(effect: Sequence[Op]) -> list[tuple[str, str]]:
-    """The (collection, key) pairs of map operations in an effect."""
-    return [(op[1], op[3]) for op in effect if op[0] == "map"]

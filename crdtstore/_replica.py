@@ -408,7 +408,6 @@ class Replica:
         Raises:
             PayloadTooLarge, InvalidUpdate: see :meth:`check_update`; the doc is unchanged.
         """
-        self.check_update(update)
         before = {n for n, k in self.collections().items() if k == "map"}
         changes: list[tuple[str, str, Any]] = []
         subs = []
