@@ -40,9 +40,9 @@ bounded send queue; a client that reads too slowly to keep it under its bound is
 (4400, or 4413 for a frame over the size limit, 4422 for update bytes the record refuses):
 the session and the record are untouched. A connection whose token expires is closed (4401).
 
-Extension requests (message type 100) supported so far: ``flush`` (answered once everything
-the run's record holds is journaled) and
-``whoami`` (the token's claims); any other op is answered with the error ``UNSUPPORTED_OP``.
+Extension requests (message type 100) are dispatched to the op registry of :mod:`sync._ops`
+(``flush``: answered once everything the run's record holds is journaled; ``whoami``: the
+token's claims; ...); an unknown op is answered with the error ``UNSUPPORTED_OP``.
 """
 
 from __future__ import annotations
@@ -87,15 +87,14 @@ from ._messages import (
     DEFAULT_MAX_MESSAGE_SIZE,
     Awareness,
     AwarenessEntry,
-    ErrorInfo,
     PermissionDenied,
     QueryAwareness,
     Request,
-    Response,
     Update,
     encode,
     encode_awareness_update,
 )
+from ._ops import OpContext, dispatch
 from ._session import ServerSession
 from ._tokens import (
     TOKEN_SUBPROTOCOL_PREFIX,
@@ -639,18 +638,13 @@ class Hub:
     async def _request(self, conn: _Conn, request: Request) -> None:
         rec = conn.room.rec
         assert rec is not None
-        response: Response
-        if request.op == "flush":
-            try:
-                await rec.flush()
-                response = Response.success(request.id)
-            except CrdtStoreError as exc:
-                response = Response.failure(request.id, exc)
-        elif request.op == "whoami":
-            response = Response.success(request.id, conn.claims.model_dump())
-        else:
-            response = Response.failure(
-                request.id,
-                ErrorInfo(code="UNSUPPORTED_OP", message=f"the hub has no op {request.op!r}"),
-            )
-        conn.send(conn.session.respond(response))
+        ctx = OpContext(
+            hub=self,
+            conn=conn,
+            claims=conn.claims,
+            tenant=conn.room.tenant,
+            run=conn.room.run,
+            rec=rec,
+            store=await self._store(conn.room.tenant),
+        )
+        conn.send(conn.session.respond(await dispatch(ctx, request)))
