@@ -3,6 +3,7 @@
 
     python3 dev.py demo [ARGS...]   set up, then run `crdtstore demo` (agent processes sharing a record)
     python3 dev.py test [ARGS...]   set up, then lint (ruff), type-check (mypy) and run pytest
+                                    (installs tests/interop's npm packages first if missing)
     python3 dev.py setup            only set up .venv
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -39,6 +41,18 @@ def setup(extras: str) -> None:
     stamp.write_text(digest)
 
 
+def interop_packages() -> None:
+    """Install the npm packages of the JavaScript interop tests (tests/interop) if missing.
+
+    Without npm nothing is installed: the interop tests then fail, saying what to run.
+    """
+    interop = ROOT / "tests" / "interop"
+    npm = shutil.which("npm")
+    if npm is None or (interop / "node_modules").is_dir():
+        return
+    run(npm, "ci", "--prefix", interop, "--no-audit", "--no-fund", "--loglevel=error")
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in ("demo", "test", "setup"):
         print(__doc__)
@@ -52,6 +66,7 @@ def main(argv: list[str]) -> int:
             run(BIN / "crdtstore", "demo", *rest)
         else:
             setup("dev")
+            interop_packages()
             run(PY, "-m", "ruff", "check", "crdtstore", "sync", "tests", "bench")
             run(PY, "-m", "mypy")
             run(PY, "-m", "pytest", *rest)
