@@ -33,11 +33,13 @@ from ._errors import LeaseNotFound as LeaseNotFound
 from ._errors import LeaseTimeout as LeaseTimeout
 from ._errors import PayloadTooLarge as PayloadTooLarge
 from ._errors import PolicyViolation as PolicyViolation
+from ._errors import ReadOnlyAccess as ReadOnlyAccess
 from ._errors import RunClosed as RunClosed
 from ._errors import SchemaInvalid as SchemaInvalid
 from ._errors import StaleVersion as StaleVersion
 from ._errors import StoreClosed as StoreClosed
 from ._errors import UnknownRun as UnknownRun
+from ._errors import UnsupportedOperation as UnsupportedOperation
 from ._errors import UnsupportedURL as UnsupportedURL
 from ._journal import JournalBackend as JournalBackend
 from ._journal import JournalEntry as JournalEntry
@@ -99,6 +101,7 @@ __all__ = [
     "PayloadTooLarge",
     "PolicyViolation",
     "Provenance",
+    "ReadOnlyAccess",
     "Record",
     "Replica",
     "RunClosed",
@@ -111,6 +114,7 @@ __all__ = [
     "StoreClosed",
     "TextCollection",
     "UnknownRun",
+    "UnsupportedOperation",
     "UnsupportedURL",
     "Version",
     "View",

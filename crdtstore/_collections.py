@@ -45,16 +45,17 @@ class _Collection:
 
     def _in(self, key: str | None, value: Any) -> Any:
         """Validate a value for writing (schema, then JSON-likeness); return what to store."""
-        model = self.model
+        model = self._model or self._rec._models.get(self.name)
         if model is not None:
             value = validate_value(None, model, self.name, key, value)
         return to_stored(value)
 
     def _out(self, stored: Any) -> Any:
         value = from_stored(stored)
-        model = self.model
+        model = self._model or self._rec._models.get(self.name)
         if model is not None:
-            return model.model_validate(value)
+            # what model.model_validate does, without its Python overhead
+            return model.__pydantic_validator__.validate_python(value)
         return value
 
     def __repr__(self) -> str:

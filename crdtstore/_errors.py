@@ -13,6 +13,8 @@ composes its own message from its fields::
     ├── UnknownRun (LookupError)            UNKNOWN_RUN
     ├── StoreClosed (RuntimeError)          CLOSED
     ├── RunClosed (PermissionError)         RUN_CLOSED
+    │   └── ReadOnlyAccess                  READ_ONLY
+    ├── UnsupportedOperation                UNSUPPORTED
     ├── SchemaInvalid (ValueError)          SCHEMA_INVALID
     ├── PolicyViolation (PermissionError)   POLICY_VIOLATION
     ├── StaleVersion                        STALE_VERSION
@@ -28,6 +30,9 @@ composes its own message from its fields::
 
 Errors of the backends' libraries (sqlite3, ...) are translated into ``BackendError`` at the
 backend boundary, so callers never have to catch a driver's exception type.
+
+:func:`error_from_dict` turns ``to_dict()`` back into an error of the same class with the
+same fields (how the ``ws://`` client re-raises the errors the hub answers with).
 """
 
 from __future__ import annotations
@@ -51,11 +56,13 @@ __all__ = [
     "LeaseTimeout",
     "PayloadTooLarge",
     "PolicyViolation",
+    "ReadOnlyAccess",
     "RunClosed",
     "SchemaInvalid",
     "StaleVersion",
     "StoreClosed",
     "UnknownRun",
+    "UnsupportedOperation",
     "UnsupportedURL",
 ]
 
@@ -172,6 +179,30 @@ class RunClosed(CrdtStoreError, PermissionError):
         self.run = run
         self.state = state
         super().__init__(f"run {run!r} of tenant {tenant!r} is {state}: no more writes")
+
+
+class ReadOnlyAccess(RunClosed):
+    """The store was opened with read-only access to the run (a ``ro`` token): writes are
+    refused, finally (like a closed run's)."""
+
+    code = "READ_ONLY"
+
+    def __init__(self, tenant: str, run: str) -> None:
+        super().__init__(tenant, run, "read-only for this token")
+
+
+class UnsupportedOperation(CrdtStoreError):
+    """The backend cannot do this (``compact`` or ``delete_run`` through a ``ws://`` store)."""
+
+    code = "UNSUPPORTED"
+
+    def __init__(self, backend: str, operation: str, reason: str = "") -> None:
+        self.backend = backend
+        self.operation = operation
+        self.reason = reason
+        super().__init__(
+            f"{backend} backend does not support {operation}" + (f": {reason}" if reason else "")
+        )
 
 
 class BackendError(CrdtStoreError, OSError):
@@ -346,3 +377,29 @@ class LeaseTimeout(LeaseError, TimeoutError):
         self.resources = resources
         self.waited = waited
         super().__init__(f"timed out after {waited:.3f}s waiting for {resources!r}")
+
+
+def _subclasses(cls: type[CrdtStoreError]) -> list[type[CrdtStoreError]]:
+    out = [cls]
+    for sub in cls.__subclasses__():
+        out.extend(_subclasses(sub))
+    return out
+
+
+def error_from_dict(data: dict[str, Any]) -> CrdtStoreError:
+    """The error that ``to_dict()`` described: the crdtstore class of its ``code`` (a plain
+    :class:`CrdtStoreError` carrying the code for codes of other packages) with the same
+    message and fields. Its ``__init__`` is not called: the fields are taken as they are."""
+    code = str(data.get("code", CrdtStoreError.code))
+    by_code = {c.code: c for c in reversed(_subclasses(CrdtStoreError))}
+    cls = by_code.get(code, CrdtStoreError)
+    exc = cls.__new__(cls)
+    Exception.__init__(exc, str(data.get("message", code)))
+    for key, value in data.items():
+        if key not in ("code", "message"):
+            setattr(exc, key, value)
+    if cls is CrdtStoreError:
+        exc.code = code
+    if isinstance(exc, StaleVersion) and not hasattr(exc, "current_value"):
+        exc.current_value = None
+    return exc

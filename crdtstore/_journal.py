@@ -170,6 +170,21 @@ class JournalBackend(ABC):
     """
 
     name: str = "journal"
+    remote: bool = False
+    """True for a journal behind a server (``ws://``) that a record cannot hold a transaction
+    on: :meth:`authority` is unsupported and guarded writes are sent to the server instead
+    (built on a scratch copy of the document, see ``Record._write_guarded``)."""
+
+    def bind(self, wake: Callable[[str, str], None]) -> None:
+        """Called by the store with its wake-up function (``wake(tenant, run)`` wakes the
+        readers of the run) for backends that learn of new entries by other means than
+        :meth:`notify_url` (``ws://``: the hub's pushes). The default ignores it."""
+        return None  # an optional hook (not abstract)
+
+    async def identity(self, tenant: str, run: str) -> tuple[str, str] | None:
+        """The (agent, source) that the backend attributes every write of ``run`` to, when it
+        decides it rather than the record (``ws://``: the token's); None otherwise."""
+        return None
 
     @abstractmethod
     async def open(self) -> None:

@@ -5,17 +5,25 @@ replay and the simulator all drive. It knows how to
 
 - make a local transaction and capture its update delta (exactly one per transaction);
 - apply a journal entry from elsewhere, checking its checksum and refusing bad bytes;
-- keep the provenance of the current value of every map key;
+- keep the provenance of the current value of every map key, compactly: each key holds the
+  journal position of the entry that wrote it (an int), and a per-replica table holds agent,
+  source, wall time and nested run once per entry (see :class:`_EntryTable`);
 - list the collections (a registry kept *in the document*, so every replica and every Yjs
   client agrees on which root is a map, a list or a text).
 """
 
 from __future__ import annotations
 
+import base64
 import difflib
 import logging
+import sys
 import time
+from array import array
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
+from itertools import islice
+from operator import lt
 from typing import Any, NamedTuple
 
 from pycrdt import Array, Doc, Map, Text, merge_updates
@@ -36,10 +44,10 @@ _EMPTY_UPDATES = (b"\x00\x00",)
 class Meta(NamedTuple):
     """Provenance of one journal entry (shared by every key it wrote).
 
-    A tuple of atomic values, so that the garbage collector stops tracking it: a record holds
-    one per written key, and tracked objects by the hundred thousand make every full
-    collection slow. ``seq`` is None until the entry is journaled; the record then replaces
-    the index entries with a copy carrying the position.
+    A tuple of atomic values, so that the garbage collector stops tracking it. ``seq`` is None
+    until the entry is journaled: until then the provenance index points at this object
+    (one per entry, shared by every key it wrote); once the position is known the index holds
+    just the position and the replica's :class:`_EntryTable` the rest.
     """
 
     agent: str
@@ -181,6 +189,166 @@ def _check_counts(update: bytes) -> None:
             raise InvalidUpdate(f"claims {structs} structs in {len(update)} bytes")
 
 
+class _EntryTable:
+    """Provenance of journaled entries, by journal position, in parallel arrays.
+
+    One row per entry that is still the provenance of some key: 8 bytes of position, 8 of wall
+    time and a pointer to a shared ``(agent, source, run)`` tuple, instead of a tuple, a float
+    and an int object per key (100k keys: about 2.4 MiB instead of 14). Rows are kept sorted
+    by position (entries arrive in journal order but for the odd local commit that lands
+    after a later remote entry was applied); rows no key points at any more are dropped when
+    the table has grown to twice what was live at the last sweep.
+    """
+
+    __slots__ = ("_last", "_names", "seqs", "sweep_at", "walls", "who")
+
+    def __init__(self) -> None:
+        self.seqs = array("q")
+        self.walls = array("d")
+        self.who: list[tuple[str, str, str]] = []
+        self._names: dict[tuple[str, str, str], tuple[str, str, str]] = {}
+        self._last = ("", "", "")
+        self.sweep_at = 4096
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    def names(self, agent: str, source: str, run: str) -> tuple[str, str, str]:
+        """The shared ``(agent, source, run)`` tuple."""
+        last = self._last
+        if last[0] is agent and last[1] is source and last[2] is run:
+            return last
+        who = (agent, source, run)
+        who = self._last = self._names.setdefault(who, who)
+        return who
+
+    def add(self, seq: int, agent: str, source: str, wall: float, run: str) -> None:
+        who = self.names(agent, source, run)
+        seqs = self.seqs
+        if not seqs or seq > seqs[-1]:
+            seqs.append(seq)
+            self.walls.append(wall)
+            self.who.append(who)
+            return
+        i = bisect_left(seqs, seq)
+        if i < len(seqs) and seqs[i] == seq:  # the same entry again: it is one entry
+            return
+        seqs.insert(i, seq)
+        self.walls.insert(i, wall)
+        self.who.insert(i, who)
+
+    def get(self, seq: int) -> Meta | None:
+        seqs = self.seqs
+        i = bisect_left(seqs, seq)
+        if i == len(seqs) or seqs[i] != seq:
+            return None
+        agent, source, run = self.who[i]
+        return Meta(agent, source, self.walls[i], seq, run)
+
+    def keep(self, live: set[int]) -> None:
+        """Drop the rows whose position is not in ``live``."""
+        rows = [i for i, seq in enumerate(self.seqs) if seq in live]
+        self.seqs = array("q", [self.seqs[i] for i in rows])
+        self.walls = array("d", [self.walls[i] for i in rows])
+        self.who = [self.who[i] for i in rows]
+        self.sweep_at = max(4096, 2 * len(rows))
+
+    def export(self) -> dict[str, Any]:
+        """The rows as JSON-able data: the columns packed (see :func:`_pack`)."""
+        names = list(dict.fromkeys(self.who))
+        number = {who: i for i, who in enumerate(names)}
+        return {
+            "seq": _pack(self.seqs),
+            "wall": _pack(self.walls),
+            "who": _pack(array("l", [number[w] for w in self.who])),
+            "names": [list(w) for w in names],
+        }
+
+    def load(self, table: dict[str, Any]) -> None:
+        """Take in rows as :meth:`export` wrote them."""
+        names = [self.names(str(a), str(s), str(r)) for a, s, r in table.get("names", [])]
+        seqs, walls = _unpack("q", table.get("seq", [])), _unpack("d", table.get("wall", []))
+        who = [names[i] for i in _unpack("l", table.get("who", []))]
+        if not (len(seqs) == len(walls) == len(who)):
+            raise ValueError("inconsistent provenance table")
+        if not self.seqs and _increasing(seqs):
+            # the usual case, a fresh replica: adopt the arrays as they are
+            self.seqs, self.walls, self.who = seqs, walls, who
+            self.sweep_at = max(4096, 2 * len(seqs))
+            return
+        for seq, wall, (agent, source, run) in zip(seqs, walls, who, strict=True):
+            self.add(seq, agent, source, wall, run)
+
+
+def _pack(values: array[Any]) -> str:
+    """An array as base64 of its items in little-endian order: a snapshot's provenance
+    columns are read back without a Python object per item."""
+    if sys.byteorder == "big":
+        values = array(values.typecode, values)
+        values.byteswap()
+    if values.typecode == "l":  # "l" is 4 or 8 bytes by platform: store 8
+        values = array("q", values)
+    return base64.b64encode(values.tobytes()).decode("ascii")
+
+
+def _unpack(typecode: str, data: str | list[Any]) -> array[Any]:
+    """The inverse of :func:`_pack` (a list is taken as is: an earlier layout)."""
+    if isinstance(data, list):
+        return array(typecode, data)
+    out = array("q" if typecode == "l" else typecode)
+    out.frombytes(base64.b64decode(data))
+    if sys.byteorder == "big":
+        out.byteswap()
+    return out
+
+
+def _increasing(items: Sequence[Any]) -> bool:
+    """Whether ``items`` is strictly increasing (compared at C speed)."""
+    return all(map(lt, items, islice(items, 1, None)))
+
+
+class _Settled:
+    """The journaled part of one collection's provenance index, as two flat sequences: its
+    keys sorted, and their journal positions in an array (16 bytes a key besides the key,
+    where a dict entry and an int object take about 70). Looked up by bisection; newer
+    positions live in the collection's dict, which takes precedence, until the next
+    :meth:`merge`."""
+
+    __slots__ = ("keys", "seqs")
+
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+        self.seqs = array("q")
+
+    def get(self, key: str) -> int | None:
+        keys = self.keys
+        i = bisect_left(keys, key)
+        if i < len(keys) and keys[i] == key:
+            return self.seqs[i]
+        return None
+
+    def merge(self, new: dict[str, int]) -> None:
+        """Take in ``new`` (key -> position), replacing the positions of keys already here."""
+        old_keys, old_seqs = self.keys, self.seqs
+        keys: list[str] = []
+        seqs = array("q")
+        prev, n = 0, len(old_keys)
+        for key in sorted(new):
+            i = bisect_left(old_keys, key, prev)
+            if i > prev:  # the runs in between are copied at C speed
+                keys += old_keys[prev:i]
+                seqs += old_seqs[prev:i]
+            keys.append(key)
+            seqs.append(new[key])
+            prev = i + 1 if i < n and old_keys[i] == key else i
+        keys += old_keys[prev:]
+        seqs += old_seqs[prev:]
+        self.keys, self.seqs = keys, seqs
+
+
+_SETTLE_MIN = 4096  # index entries of a collection kept as a dict before settling them
+
+
 class Replica:
     """A Doc with its collection registry, update capture and provenance index."""
 
@@ -193,8 +361,13 @@ class Replica:
         self.registry: Map[Any] = self.doc.get(REGISTRY, type=Map)
         self._roots: dict[tuple[str, str], Any] = {}
         self._kinds: dict[str, str] = {}
-        # collection -> key -> Meta (or, until first asked, the list a snapshot stored)
+        # collection -> key -> the journal position of the entry that wrote the current value
+        # (its provenance is in self.table), or the entry's Meta while it is not journaled, or
+        # (from snapshots of older versions, until first asked) [seq, agent, source, wall, run]
+        # (Bulk loads move the journaled positions of big collections into self._settled.)
         self.index: dict[str, dict[str, Any]] = {}
+        self._settled: dict[str, _Settled] = {}
+        self.table = _EntryTable()
         self.seq = 0  # journal position reached, when driven by a replay
         self.skipped: list[JournalCorrupt] = []  # corrupt journal entries not applied
         self.head = 0  # highest journal position reflected here (applied or own, journaled)
@@ -257,7 +430,7 @@ class Replica:
         """Open a local transaction whose update :meth:`end` returns."""
         self._captured = None
         self._capturing = True
-        self._txn_cm = self.doc.transaction(origin=self.client_id)
+        self._txn_cm = self.doc.transaction()
         self._txn_cm.__enter__()
 
     def do(self, ops: list[Op], apply: Callable[[], None], meta: Meta) -> None:
@@ -267,27 +440,100 @@ class Replica:
         Collections touched for the first time are registered in the same transaction, so
         the registry never names a collection whose first write is missing, or vice versa.
         """
+        kinds = self._kinds
         for op in ops:
-            if self._kinds.get(op[1]) != op[0]:
+            if kinds.get(op[1]) != op[0]:
                 self._register(op[1], op[0])
         apply()
+        index = self.index
         for op in ops:
             if op[0] == "map":
-                self.index.setdefault(op[1], {})[op[3]] = meta
+                keys = index.get(op[1])
+                if keys is None:
+                    keys = index[op[1]] = {}
+                keys[op[3]] = meta
 
     def journaled(self, ops: list[Op], meta: Meta, seq: int) -> None:
-        """A local entry got its journal position: point its keys' provenance at it."""
-        done = meta._replace(seq=seq)
+        """A local entry got its journal position: point its keys' provenance at it.
+
+        One table row per entry (none if every key it wrote was overwritten since), and a
+        dict store per key still pointing at ``meta``; no per-key tuple is rebuilt.
+        """
         index = self.index
         if seq > self.head:
             self.head = seq
         coll_seq = self.coll_seq
+        held = False
         for op in ops:
             coll_seq[op[1]] = seq
             if op[0] == "map":
                 keys = index.get(op[1])
                 if keys is not None and keys.get(op[3]) is meta:
-                    keys[op[3]] = done
+                    keys[op[3]] = seq
+                    held = True
+        if held:
+            self._remember(seq, meta.agent, meta.source, meta.wall_time, meta.run)
+
+    def journaled_many(
+        self, batch: Sequence[tuple[bytes, list[Op], Meta]], seqs: Sequence[int]
+    ) -> None:
+        """:meth:`journaled` for a committed batch of ``(update, ops, meta)`` entries (the
+        committer's path: the same work without a call per entry)."""
+        index, coll_seq, table = self.index, self.coll_seq, self.table
+        tseqs, walls, who = table.seqs, table.walls, table.who
+        names = table.names
+        for (_, ops, meta), seq in zip(batch, seqs, strict=True):
+            held = False
+            for op in ops:
+                coll_seq[op[1]] = seq
+                if op[0] == "map":
+                    keys = index.get(op[1])
+                    if keys is not None and keys.get(op[3]) is meta:
+                        keys[op[3]] = seq
+                        held = True
+            if held:
+                agent, source, wall, _, run = meta
+                if tseqs and seq <= tseqs[-1]:
+                    table.add(seq, agent, source, wall, run)
+                else:  # the usual case: append, the (agent, source, run) shared
+                    tseqs.append(seq)
+                    walls.append(wall)
+                    who.append(names(agent, source, run))
+        if seqs:
+            self.head = max(self.head, max(seqs))
+        if len(tseqs) > table.sweep_at:
+            table.keep(self._live_seqs())
+
+    def _remember(self, seq: int, agent: str, source: str, wall: float, run: str) -> None:
+        table = self.table
+        table.add(seq, agent, source, wall, run)
+        if len(table) > table.sweep_at:
+            table.keep(self._live_seqs())
+
+    def _live_seqs(self) -> set[int]:
+        live: set[int] = set()
+        for keys in self.index.values():
+            live.update(v for v in keys.values() if type(v) is int)
+        for settled in self._settled.values():
+            live.update(settled.seqs)
+        return live
+
+    def _settle(self, *, every: bool = False) -> None:
+        """After a bulk load: move the journaled positions of collections with many keys
+        (``every``: of all collections) from their dict into their :class:`_Settled` run
+        (amortised: a collection's dict is settled when it has grown to half the settled
+        run)."""
+        for name, keys in self.index.items():
+            settled = self._settled.get(name)
+            if not every and len(keys) < max(_SETTLE_MIN, len(settled.keys) // 2 if settled else 0):
+                continue
+            journaled = {k: v for k, v in keys.items() if type(v) is int}
+            if not journaled:
+                continue
+            if settled is None:
+                settled = self._settled[name] = _Settled()
+            settled.merge(journaled)
+            self.index[name] = {k: v for k, v in keys.items() if type(v) is not int}
 
     def end(self) -> bytes | None:
         """Commit the local transaction; return its update (None when nothing changed).
@@ -316,7 +562,9 @@ class Replica:
         self._capturing = True
         kinds = self._kinds
         try:
-            with self.doc.transaction(origin=self.client_id):
+            # (no transaction origin: nothing reads it, and pycrdt compares it on every
+            # nested transaction that pycrdt's own setters open)
+            with self.doc.transaction():
                 for op in ops:
                     if kinds.get(op[1]) != op[0]:
                         self._register(op[1], op[0])
@@ -462,7 +710,7 @@ class Replica:
         the entries around it are applied as usual (DESIGN I4: a torn tail is skipped and
         never corrupts earlier entries).
         """
-        touched: dict[tuple[str, str], list[tuple[Op, Meta]]] = {}
+        touched: dict[tuple[str, str], list[tuple[Op, Row]]] = {}
         for row in rows:
             if checksum(row.update) != row.checksum:
                 self._skip(JournalCorrupt(run, row.seq, "checksum mismatch"))
@@ -478,11 +726,11 @@ class Replica:
             if row.seq > self.head:
                 self.head = row.seq
             if row.effect:
-                meta = Meta(row.agent, row.source, row.wall_time, row.seq, row.origin)
                 for op in row.effect:
                     self.coll_seq[op[1]] = row.seq
                     if op[0] == "map":
-                        touched.setdefault((op[1], op[3]), []).append((op, meta))
+                        touched.setdefault((op[1], op[3]), []).append((op, row))
+        winners: dict[int, Row] = {}
         for (name, key), writes in touched.items():
             try:
                 root = self.root(name, "map")
@@ -491,16 +739,22 @@ class Replica:
             current = root.get(key, _ABSENT)
             value = None if current is _ABSENT else from_stored(current)
             winner = None
-            for op, meta in reversed(writes):
+            for op, row in reversed(writes):
                 if current is _ABSENT:
                     if op[2] != "set":
-                        winner = meta
+                        winner = row
                         break
                 elif op[2] == "set" and from_stored(op[4]) == value:
-                    winner = meta
+                    winner = row
                     break
             if winner is not None:  # else a write from before this batch is still current
-                self.index.setdefault(name, {})[key] = winner
+                self.index.setdefault(name, {})[key] = winner.seq
+                winners[winner.seq] = winner
+        for seq in sorted(winners):  # in journal order: the table appends
+            row = winners[seq]
+            self._remember(seq, row.agent, row.source, row.wall_time, row.origin)
+        if winners:
+            self._settle()
 
     def _skip(self, error: JournalCorrupt) -> None:
         log.error("%s; entry skipped", error)
@@ -509,17 +763,34 @@ class Replica:
     def meta(self, collection: str, key: str) -> Meta | None:
         """The provenance of the current value of ``collection[key]`` (None if unknown)."""
         keys = self.index.get(collection)
-        if keys is None:
-            return None
-        value = keys.get(key)
-        if value is None or isinstance(value, Meta):
+        value: Any = None if keys is None else keys.get(key)
+        if value is None:
+            settled = self._settled.get(collection)
+            seq = None if settled is None else settled.get(key)
+            return None if seq is None else self.table.get(seq)
+        if type(value) is int:
+            return self.table.get(value)
+        if isinstance(value, Meta):
             return value
-        seq, agent, source, wall, *rest = value  # as imported from a snapshot
-        meta = keys[key] = Meta(agent, source, wall, seq, rest[0] if rest else "")
+        assert keys is not None
+        seq, agent, source, wall, *rest = value  # as an older snapshot stored it
+        meta = Meta(agent, source, wall, seq, rest[0] if rest else "")
+        if type(seq) is int:
+            self._remember(seq, agent, source, wall, meta.run)
+            keys[key] = seq
         return meta
 
     def export_state(self) -> dict[str, Any]:
-        """crdtstore's bookkeeping to store beside a snapshot's update."""
+        """crdtstore's bookkeeping to store beside a snapshot's update.
+
+        ``settled`` holds, per collection, the journaled keys sorted and their journal
+        positions packed (see :func:`_pack`); ``index`` the other keys (an entry not yet
+        journaled, or adopted from an older snapshot) as ``[seq, agent, source, wall, run]``;
+        ``table`` the provenance of the positions (see :class:`_EntryTable`). Older
+        snapshots, with every key in ``index``, are read as well.
+        """
+        self._settle(every=True)
+        self.table.keep(self._live_seqs())
         return {
             "index": {
                 name: {
@@ -527,7 +798,13 @@ class Replica:
                     for key, meta in keys.items()
                 }
                 for name, keys in self.index.items()
+                if keys
             },
+            "settled": {
+                name: {"keys": settled.keys, "seqs": _pack(settled.seqs)}
+                for name, settled in self._settled.items()
+            },
+            "table": self.table.export(),
             "head": self.head,
             "coll_seq": self.coll_seq,
         }
@@ -536,16 +813,40 @@ class Replica:
         self.head = max(self.head, int(state.get("head", 0)))
         for name, seq in state.get("coll_seq", {}).items():
             self.coll_seq[name] = max(self.coll_seq.get(name, 0), int(seq))
-        # Adopted as parsed ([seq, agent, source, wall, run] lists), turned into Meta only
-        # when asked for (see meta()): building a tuple per key made resuming a 100k-key
-        # snapshot spend half its time here.
+        # The index is adopted as parsed: key -> position (and the table's arrays at C
+        # speed), or, from older snapshots, [seq, agent, source, wall, run] lists turned into
+        # a position only when asked for (see meta()): building a tuple per key made resuming
+        # a 100k-key snapshot spend half its time here.
+        if "table" in state:
+            self.table.load(state["table"])
+        for name, run in state.get("settled", {}).items():
+            skeys, sseqs = run["keys"], _unpack("q", run["seqs"])
+            # str and other types do not compare: an increasing list opening with a str is
+            # all str
+            if len(skeys) != len(sseqs) or (skeys and type(skeys[0]) is not str):
+                raise ValueError("inconsistent settled index")
+            try:
+                ordered = _increasing(skeys)
+            except TypeError:
+                raise ValueError("inconsistent settled index") from None
+            if name not in self._settled and ordered:
+                settled = self._settled[name] = _Settled()
+                settled.keys, settled.seqs = skeys, sseqs
+            else:  # merge under what this replica knows already
+                into = self.index.setdefault(name, {})
+                for key, seq in zip(skeys, sseqs, strict=True):
+                    if key not in into and self.meta(name, key) is None:
+                        into[key] = seq
         for name, keys in state.get("index", {}).items():
             target = self.index.get(name)
-            if target is None:
+            if target is None and name not in self._settled:
                 self.index[name] = keys
             else:
+                target = self.index.setdefault(name, {})
                 for key, value in keys.items():
-                    target.setdefault(key, value)
+                    if key not in target and self.meta(name, key) is None:
+                        target[key] = value
+        self._settle()
 
 
 def now() -> float:

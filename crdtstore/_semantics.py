@@ -9,7 +9,7 @@ rollback); the sync hub can run the same function on every update from an untrus
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -25,11 +25,35 @@ Kind = Literal["map", "list", "text"]
 BYTES_PER_TOKEN = 4
 
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+# The C encoder that ``_dumps`` builds on every call, built once: ``JSONEncoder.encode`` pays
+# more to set it up than to encode a small value. No circular-reference markers: stored values
+# are fresh acyclic copies (``to_stored``) or values read from the document.
+_c_make_encoder: Any = getattr(json.encoder, "c_make_encoder", None)  # not in typeshed
+_c_encode: Any = (
+    None
+    if _c_make_encoder is None
+    else _c_make_encoder(
+        None,  # markers
+        json.JSONEncoder().default,  # unknown types: the TypeError JSONEncoder raises
+        json.encoder.encode_basestring,  # ensure_ascii=False
+        None,  # indent
+        ":",
+        ",",
+        False,  # sort_keys
+        False,  # skipkeys
+        True,  # allow_nan
+    )
+)
 
 
 def value_size(value: Any) -> int:
     """Bytes of a stored value as compact UTF-8 JSON (what budgets count)."""
-    return len(_dumps(value).encode())
+    if _c_encode is None:
+        text = _dumps(value)
+    else:
+        chunks = _c_encode(value, 0)
+        text = chunks[0] if len(chunks) == 1 else "".join(chunks)
+    return len(text) if text.isascii() else len(text.encode())
 
 
 class CollectionSpec(BaseModel):
@@ -111,7 +135,7 @@ def check_effect(
     Raises:
         PolicyViolation: naming the policy, the agent and the key.
     """
-    lengths: dict[str, int] = {}
+    lengths: dict[str, int] | None = None  # of lists and texts, as the effect goes
     for op in effect:
         kind, name, action = op[0], op[1], op[2]
         spec = specs.get(name)
@@ -140,6 +164,8 @@ def check_effect(
                     )
             continue
         # lists and texts: append_only is the only policy that applies
+        if lengths is None:
+            lengths = {}
         n = lengths.get(name)
         if n is None:
             n = state.length(name, kind)
@@ -161,27 +187,56 @@ def validate_value(
 ) -> Any:
     """Validate ``value`` against the collection's model; return its JSON-able form.
 
+    The same as ``model.model_validate(value).model_dump(mode="json")`` (an instance of the
+    model is taken as it is), calling pydantic-core's validator and serializer directly:
+    ``model_validate``/``model_dump`` add more Python overhead than the validation itself
+    costs for a small model.
+
     Raises:
         SchemaInvalid: carrying pydantic's error list.
     """
     model = model or (spec.model if spec is not None else None)
     if model is None:
         return value
-    try:
-        instance = value if isinstance(value, model) else model.model_validate(value)
-    except ValidationError as exc:
-        raise SchemaInvalid(collection, key, json.loads(exc.json())) from None
-    return instance.model_dump(mode="json")
+    if type(value) is not dict and isinstance(value, model):  # (an ABC isinstance is slow)
+        instance = value
+    else:
+        try:
+            instance = model.__pydantic_validator__.validate_python(value)
+        except ValidationError as exc:
+            raise SchemaInvalid(collection, key, json.loads(exc.json())) from None
+    # the instance's own serializer, as ``instance.model_dump`` would use (a subclass's)
+    return instance.__pydantic_serializer__.to_python(instance, mode="json")
 
 
 class Budget:
-    """Running totals of one collection, kept up to date by the record."""
+    """Running totals of one collection, kept up to date by the record.
 
-    __slots__ = ("bytes", "entries")
+    For a map, ``sizes`` holds the size of each key's value too: a write then learns whether
+    its key exists and how many bytes it replaces from this dict, without asking the
+    document (a read transaction per lookup, and a JSON encode of the old value).
+    """
 
-    def __init__(self, entries: int, nbytes: int) -> None:
+    __slots__ = ("bytes", "entries", "sizes")
+
+    def __init__(self, entries: int, nbytes: int, sizes: dict[str, int] | None = None) -> None:
         self.entries = entries
         self.bytes = nbytes
+        self.sizes = sizes
+
+
+def budgeted(spec: CollectionSpec) -> bool:
+    """Whether ``spec`` sets any budget (else writes to it are never sized)."""
+    return (
+        spec.max_entries is not None
+        or spec.max_bytes is not None
+        or spec.max_value_bytes is not None
+    )
+
+
+# What a write does to a budget: (budget, entries added, bytes added, new sizes of map keys,
+# None for a key it deletes; None for a list or a text).
+BudgetDelta = tuple[Budget, int, int, "dict[str, int | None] | None"]
 
 
 def check_budget(
@@ -189,28 +244,59 @@ def check_budget(
     name: str,
     usage: Budget,
     effect: Sequence[Op],
-    removed_bytes: int,
-    removed_entries: int,
-) -> tuple[int, int]:
+    removed_bytes: int = 0,
+    removed_entries: int = 0,
+) -> BudgetDelta:
     """Refuse an effect that would take the collection past a budget.
 
-    Returns the (entries, bytes) the collection adds (may be negative).
+    For a map whose ``usage`` has per-key sizes, what the effect removes is taken from them
+    (``removed_*`` are ignored); for a list or a text the caller passes it.
+
+    Returns the delta to apply to ``usage`` once the effect is applied (see
+    :func:`apply_budgets`); the entries and bytes it adds may be negative.
 
     Raises:
         BudgetExceeded: with the figures.
     """
-    add_entries = -removed_entries
-    add_bytes = -removed_bytes
-    for op in effect:
-        if op[1] != name or op[2] == "del":
-            continue
-        values = op[4] if op[0] == "list" else [op[4]]
-        for v in values:
-            size = value_size(v) if op[0] != "text" else len(v.encode())
-            if spec.max_value_bytes is not None and size > spec.max_value_bytes:
-                raise BudgetExceeded(name, "value bytes", 0, size, spec.max_value_bytes)
+    max_value = spec.max_value_bytes
+    sizes = usage.sizes
+    changed: dict[str, int | None] | None = None
+    if sizes is not None:
+        add_entries = add_bytes = 0
+        changed = {}
+        for op in effect:
+            if op[1] != name or op[0] != "map":
+                continue
+            key = op[3]
+            old = changed[key] if key in changed else sizes.get(key)
+            if op[2] == "del":
+                if old is not None:
+                    add_entries -= 1
+                    add_bytes -= old
+                changed[key] = None
+                continue
+            size = value_size(op[4])
+            if max_value is not None and size > max_value:
+                raise BudgetExceeded(name, "value bytes", 0, size, max_value)
+            if old is None:
+                add_entries += 1
+            else:
+                add_bytes -= old
             add_bytes += size
-        add_entries += len(values) if op[0] != "text" else 0
+            changed[key] = size
+    else:
+        add_entries = -removed_entries
+        add_bytes = -removed_bytes
+        for op in effect:
+            if op[1] != name or op[2] == "del":
+                continue
+            values = op[4] if op[0] == "list" else [op[4]]
+            for v in values:
+                size = value_size(v) if op[0] != "text" else len(v.encode())
+                if max_value is not None and size > max_value:
+                    raise BudgetExceeded(name, "value bytes", 0, size, max_value)
+                add_bytes += size
+            add_entries += len(values) if op[0] != "text" else 0
     if (
         spec.max_entries is not None
         and add_entries > 0
@@ -219,13 +305,30 @@ def check_budget(
         raise BudgetExceeded(name, "entries", usage.entries, add_entries, spec.max_entries)
     if spec.max_bytes is not None and add_bytes > 0 and usage.bytes + add_bytes > spec.max_bytes:
         raise BudgetExceeded(name, "bytes", usage.bytes, add_bytes, spec.max_bytes)
-    return add_entries, add_bytes
+    return usage, add_entries, add_bytes, changed
+
+
+def apply_budgets(deltas: Iterable[BudgetDelta]) -> None:
+    """Account an applied effect's :func:`check_budget` deltas in their budgets."""
+    for usage, add_entries, add_bytes, changed in deltas:
+        usage.entries += add_entries
+        usage.bytes += add_bytes
+        if changed:
+            sizes = usage.sizes
+            assert sizes is not None
+            for key, size in changed.items():
+                if size is None:
+                    sizes.pop(key, None)
+                else:
+                    sizes[key] = size
 
 
 def measure(kind: str, root: Any) -> Budget:
-    """Entries and bytes of a collection as it is now (O(size); cached by the record)."""
+    """Entries and bytes of a collection as it is now, with a map's per-key sizes (O(size);
+    cached by the record and kept up to date from each write's effect)."""
     if kind == "map":
-        return Budget(len(root), sum(value_size(v) for v in root.values()))
+        sizes = {k: value_size(v) for k, v in root.items()}
+        return Budget(len(sizes), sum(sizes.values()), sizes)
     if kind == "list":
         items = list(root)
         return Budget(len(items), sum(value_size(v) for v in items))

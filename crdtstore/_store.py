@@ -44,7 +44,7 @@ _BUILTIN: dict[str, Callable[[str], JournalBackend]] = {
 }
 
 
-def _backend_for(url: str) -> JournalBackend:
+def _backend_for(url: str, **options: Any) -> JournalBackend:
     if not isinstance(url, str) or "://" not in url:
         raise UnsupportedURL(str(url), "expected SCHEME://...")
     scheme = url.split("://", 1)[0].lower()
@@ -56,7 +56,11 @@ def _backend_for(url: str) -> JournalBackend:
                 break
     if factory is None:
         raise UnsupportedURL(url, f"no backend for scheme {scheme!r} is installed")
-    return factory(url)
+    if not options:
+        return factory(url)
+    if scheme in _BUILTIN:
+        raise InvalidValue(f"the {scheme} backend takes no options, got {sorted(options)}")
+    return factory(url, **options)
 
 
 class CompactionResult(BaseModel):
@@ -79,34 +83,50 @@ def _info(row: RunRow) -> RunInfo:
 def open_store(
     url: str,
     *,
-    tenant: str = "default",
+    tenant: str | None = None,
     durability: Durability = "batched",
     poll_interval: float = 0.25,
     max_update: int = DEFAULT_MAX_UPDATE,
+    token: str | None = None,
+    **backend_options: Any,
 ) -> Store:
-    """Open the store at ``url``: ``memory://[name]`` or ``sqlite:///path/store.db``.
+    """Open the store at ``url``: ``memory://[name]``, ``sqlite:///path/store.db``, or a
+    scheme of an installed backend (``ws://host:port/<tenant>`` with ``sync`` installed).
 
     Use it as ``async with open_store(url) as store:`` (or ``await store.start()`` and
     ``await store.aclose()``).
 
     Args:
         url: where the store lives; a sqlite file and its folder are created if missing.
-        tenant: the tenant every run of this store object belongs to.
+        tenant: the tenant every run of this store object belongs to (default ``default``,
+            or the tenant the URL names; an argument contradicting the URL is refused).
         durability: default durability of records: ``batched`` (writes return at once; flush
             is the durability barrier; a group commit runs as soon as the previous one ends)
             or ``durable`` (each write returns once committed with ``synchronous=FULL``).
         poll_interval: seconds between journal re-reads when no wake-up arrives.
         max_update: largest update (bytes) accepted from elsewhere.
+        token: the access token of a server backend (``ws://``); over ``ws://`` the token
+            also names the writer: records write as its agent and source.
+        backend_options: further options of the URL's backend (see its documentation).
 
     Raises:
         UnsupportedURL: no backend handles the URL's scheme, or the URL is malformed.
         InvalidName: a bad tenant name.
+        InvalidValue: options the backend does not take, or a contradicting ``tenant``.
     """
-    check_name("tenant", tenant)
+    if tenant is not None:
+        check_name("tenant", tenant)
     if durability not in ("durable", "batched"):
         raise InvalidValue(f"durability must be 'durable' or 'batched', not {durability!r}")
+    if token is not None:
+        backend_options["token"] = token
+    backend = _backend_for(url, **backend_options)
+    url_tenant: str | None = getattr(backend, "tenant", None)
+    if url_tenant is not None and tenant is not None and tenant != url_tenant:
+        raise InvalidValue(f"tenant {tenant!r} contradicts the tenant {url_tenant!r} of {url!r}")
+    tenant = tenant or url_tenant or "default"
     return Store(
-        _backend_for(url),
+        backend,
         url=url,
         tenant=tenant,
         durability=durability,
@@ -135,6 +155,7 @@ class Store:
         self.max_update = max_update
         self._backend = backend
         self._notifier = Notifier(backend.notify_url())
+        backend.bind(self._notifier.notify)
         self._records: set[Record] = set()
         self._tg: TaskGroup | None = None
         self._state = "new"

@@ -8,7 +8,8 @@
     crdtstore history URL --run R --collection C --key K [--json]
     crdtstore compact URL --run R [--drop-journal]
     crdtstore token --tenant T --run R --agent A [--rw | --ro] [--ttl SECONDS]
-    crdtstore serve --store URL [--host H] [--port P] [--secret-file F]
+    crdtstore token revoke --jti ID (--store URL | --revoked-file F)
+    crdtstore serve --store URL [--host H] [--port P] [--secret-file F] [--revoked-file F]
 
 ``URL`` is a store URL (``sqlite:///path/store.db``) or simply the path of a SQLite store file.
 Only the public API is used here.
@@ -993,25 +994,72 @@ SecretFileOpt = Annotated[
 ]
 
 
-@app.command()
+RevokedFileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--revoked-file",
+        help="Revocation list, one token id per line "
+        "(default for sqlite:///path/store.db: path/store.db.revoked).",
+    ),
+]
+
+token_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+app.add_typer(token_app, name="token")
+
+
+@token_app.callback(invoke_without_command=True)
 def token(
-    tenant: Annotated[str, typer.Option("--tenant", help="Tenant the token is for.")],
-    run: Annotated[str, typer.Option("--run", help="Run name, or a run prefix ending with '*'.")],
-    agent: Annotated[str, typer.Option("--agent", help="Agent id its writes are attributed to.")],
+    ctx: typer.Context,
+    tenant: Annotated[str | None, typer.Option("--tenant", help="Tenant the token is for.")] = None,
+    run: Annotated[
+        str | None, typer.Option("--run", help="Run name, or a run prefix ending with '*'.")
+    ] = None,
+    agent: Annotated[
+        str | None, typer.Option("--agent", help="Agent id its writes are attributed to.")
+    ] = None,
     rw: Annotated[
         bool, typer.Option("--rw/--ro", help="Allow writes (--rw) or only reads (--ro).")
     ] = False,
     ttl: Annotated[float, typer.Option("--ttl", help="Seconds the token stays valid.")] = 3600.0,
     secret_file: SecretFileOpt = None,
 ) -> None:
-    """Mint a token for the sync hub; it is printed on the last line."""
+    """Mint a token for the sync hub (--tenant, --run and --agent are required): its id
+    (jti, to revoke it by) is printed first, the token itself on the last line.
+    'crdtstore token revoke' revokes one."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if tenant is None or run is None or agent is None:
+        missing = [
+            n for n, v in (("--tenant", tenant), ("--run", run), ("--agent", agent)) if v is None
+        ]
+        raise _fail(f"missing option(s) {', '.join(missing)}", 2)
     try:
-        minted = _sync_cli().mint_token(
+        claims, minted = _sync_cli().issue_token(
             tenant=tenant, run=run, agent=agent, rw=rw, ttl=ttl, secret_file=secret_file
         )
     except CrdtStoreError as exc:
         raise _fail(str(exc)) from None
+    print(f"jti: {claims.jti}")
     print(minted)
+
+
+@token_app.command("revoke")
+def token_revoke(
+    jti: Annotated[str, typer.Option("--jti", help="Id of the token (printed by 'token').")],
+    store: Annotated[
+        str | None,
+        typer.Option("--store", help="Store URL (or path) whose revocation file to add it to."),
+    ] = None,
+    revoked_file: RevokedFileOpt = None,
+) -> None:
+    """Revoke a token: a hub serving the store refuses it within a second (HTTP 403) and
+    closes the connections using it (4403)."""
+    url = store if store is None or "://" in store else _path_url(Path(store))
+    try:
+        path = _sync_cli().revoke_token(jti, store=url, revoked_file=revoked_file)
+    except CrdtStoreError as exc:
+        raise _fail(str(exc)) from None
+    print(f"revoked {jti} (in {path})")
 
 
 @app.command()
@@ -1020,10 +1068,12 @@ def serve(
     host: Annotated[str, typer.Option("--host", help="Interface to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="TCP port (0: any free port).")] = 8765,
     secret_file: SecretFileOpt = None,
+    revoked_file: RevokedFileOpt = None,
 ) -> None:
-    """Start the sync hub: agents connect to ws://HOST:PORT/<tenant>/<run>?token=..."""
+    """Start the sync hub: agents connect to ws://HOST:PORT/<tenant>/<run>?token=...;
+    tokens listed in the revocation file are refused (it is re-read when it changes)."""
     try:
-        _sync_cli().serve_hub(store, host, port, secret_file)
+        _sync_cli().serve_hub(store, host, port, secret_file, revoked_file)
     except CrdtStoreError as exc:
         raise _fail(str(exc)) from None
 

@@ -24,6 +24,7 @@ from ._messages import ErrorInfo as ErrorInfo
 from ._messages import Message as Message
 from ._messages import MessageType as MessageType
 from ._messages import PermissionDenied as PermissionDenied
+from ._messages import Push as Push
 from ._messages import QueryAwareness as QueryAwareness
 from ._messages import Request as Request
 from ._messages import Response as Response
@@ -65,6 +66,7 @@ __all__ = [
     "MessageTooLarge",
     "MessageType",
     "PermissionDenied",
+    "Push",
     "ProtocolError",
     "PycrdtDocument",
     "QueryAwareness",

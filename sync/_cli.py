@@ -1,5 +1,16 @@
-"""The command-line side of the hub: ``crdtstore token``, ``crdtstore serve`` and
-``python -m sync`` call into here (``crdtstore.cli`` imports this module lazily)."""
+"""The command-line side of the hub: ``crdtstore token``, ``crdtstore token revoke``,
+``crdtstore serve`` and ``python -m sync`` call into here (``crdtstore.cli`` imports this module
+lazily).
+
+Revocation: ``crdtstore token`` prints the token's id (``jti``) above the token; ``crdtstore
+token revoke --jti ID --store URL`` appends it to the store's revocation file (for
+``sqlite:///path/store.db``: ``path/store.db.revoked``; or the file given by
+``--revoked-file``), which a hub serving that store re-reads within ``revocation_poll``
+(0.5 s): new connections with the token are refused (HTTP 403), open ones closed (4403).
+A file, not a table of the store: revocation is per signing secret rather than per tenant,
+and a file works whatever the store's backend, costs the hub one ``stat`` per poll, and can be
+written by the operator without the hub or the store's schema knowing a new table.
+"""
 
 from __future__ import annotations
 
@@ -18,9 +29,17 @@ from pydantic import ValidationError
 from crdtstore import CrdtStoreError, InvalidValue
 
 from ._hub import Hub
-from ._tokens import TokenClaims, load_secret, mint
+from ._tokens import (
+    TokenClaims,
+    append_revoked,
+    check_jti,
+    default_revoked_file,
+    load_secret,
+    mint,
+    new_jti,
+)
 
-__all__ = ["main", "mint_token", "serve_hub"]
+__all__ = ["issue_token", "main", "mint_token", "revoke_token", "serve_hub"]
 
 DEFAULT_TTL = 3600.0
 
@@ -37,12 +56,28 @@ def mint_token(
 ) -> str:
     """A token for ``agent`` on ``run`` (or a run prefix ending with ``*``) of ``tenant``,
     valid for ``ttl`` seconds, signed with the secret of ``secret_file`` or
-    ``CRDTSTORE_SECRET``.
+    ``CRDTSTORE_SECRET``, with a fresh ``jti``.
 
     Raises:
         SecretMissing: no secret, or too short.
         InvalidValue: a bad name or ttl.
     """
+    return issue_token(
+        tenant=tenant, run=run, agent=agent, rw=rw, ttl=ttl, secret_file=secret_file, now=now
+    )[1]
+
+
+def issue_token(
+    *,
+    tenant: str,
+    run: str,
+    agent: str,
+    rw: bool,
+    ttl: float = DEFAULT_TTL,
+    secret_file: Path | None = None,
+    now: float | None = None,
+) -> tuple[TokenClaims, str]:
+    """As :func:`mint_token`, with the claims (``claims.jti`` is the id to revoke it by)."""
     if not ttl > 0:
         raise InvalidValue(f"ttl must be > 0 seconds, not {ttl!r}")
     secret = load_secret(secret_file)
@@ -54,22 +89,52 @@ def mint_token(
             agent=agent,
             mode="rw" if rw else "ro",
             exp=int(start + ttl),
+            jti=new_jti(),
         )
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         raise InvalidValue(f"{where}: {first['msg']}") from None
-    return mint(secret, claims)
+    return claims, mint(secret, claims)
 
 
-def serve_hub(store: str, host: str, port: int, secret_file: Path | None = None) -> None:
+def revoke_token(
+    jti: str, *, store: str | None = None, revoked_file: Path | None = None, note: str = ""
+) -> Path:
+    """Add ``jti`` to the revocation file (``revoked_file``, else the default one of the store
+    at ``store``); returns the file's path.
+
+    Raises:
+        InvalidValue: a bad ``jti``, or no file given and the store has no default one.
+        RevocationFileError: the file cannot be written.
+    """
+    check_jti(jti)
+    path = revoked_file
+    if path is None and store is not None:
+        path = default_revoked_file(store)
+    if path is None:
+        raise InvalidValue(
+            "give --revoked-file, or --store sqlite:///path/store.db (its revocation file is "
+            "path/store.db.revoked)"
+        )
+    append_revoked(path, jti, note or f"revoked at {int(time.time())}")
+    return path
+
+
+def serve_hub(
+    store: str,
+    host: str,
+    port: int,
+    secret_file: Path | None = None,
+    revoked_file: Path | None = None,
+) -> None:
     """Run the hub until interrupted. The secret is loaded first: no secret, no hub.
 
     Raises:
         SecretMissing: no secret, or too short.
     """
     secret = load_secret(secret_file)
-    hub = Hub(store, secret)
+    hub = Hub(store, secret, revoked_file=revoked_file)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -102,6 +167,14 @@ SecretFileOpt = Annotated[
         help="File holding the token signing secret (default: $CRDTSTORE_SECRET).",
     ),
 ]
+RevokedFileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--revoked-file",
+        help="Revocation list, one token id per line, re-read when it changes "
+        "(default for sqlite:///path/store.db: path/store.db.revoked).",
+    ),
+]
 
 
 def serve_command(
@@ -109,10 +182,12 @@ def serve_command(
     host: HostOpt = "127.0.0.1",
     port: PortOpt = 8765,
     secret_file: SecretFileOpt = None,
+    revoked_file: RevokedFileOpt = None,
 ) -> None:
-    """Start the sync hub: agents connect to ws://HOST:PORT/<tenant>/<run>?token=..."""
+    """Start the sync hub: agents connect to ws://HOST:PORT/<tenant>/<run>?token=...;
+    tokens listed in the revocation file are refused (it is re-read when it changes)."""
     try:
-        serve_hub(store, host, port, secret_file)
+        serve_hub(store, host, port, secret_file, revoked_file)
     except CrdtStoreError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None

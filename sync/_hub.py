@@ -10,8 +10,14 @@ A client connects to ``ws://host:port/<tenant>/<run>`` with a token (:mod:`sync.
 the ``token`` query parameter (what y-websocket's ``params`` option sends) or as the
 subprotocol ``crdtstore.token.<token>``. The token is checked at the HTTP upgrade
 (``process_request``): a missing, malformed, forged or expired one is refused with HTTP 401,
-one for another tenant or run with HTTP 403, before any document byte is sent. An accepted
-connection speaks the y-protocols sync protocol (:class:`~sync.ServerSession`).
+one for another tenant or run, or a revoked one, with HTTP 403, before any document byte is
+sent. An accepted connection speaks the y-protocols sync protocol (:class:`~sync.ServerSession`).
+
+**Revocation.** A token is revoked by its id (``jti``): :meth:`Hub.revoke`, or a line in the
+revocation file (``crdtstore token revoke``; by default ``store.db.revoked`` next to a SQLite
+store), whose ``stat`` the hub checks every ``HubLimits.revocation_poll`` (0.5 s) and which it
+re-reads when it changed. Connections using a revoked token are closed with 4403
+(``TOKEN_REVOKED``), new ones refused with HTTP 403.
 
 **One record per loaded run, provenance per connection.** The first connection to a run opens
 the run's record on the tenant's store (a :class:`crdtstore.Record` opened as agent ``hub``,
@@ -33,12 +39,24 @@ request acknowledges every update the client sent before it); each update is bro
 to every *other* connection of the run once the record took it; awareness messages are
 relayed to every connection (echoed too, as y-websocket's server does), the hub answers
 query-awareness and sends the run's awareness states to a new connection, and removes a
-leaving connection's clients for everyone. A read-only connection's sync step 2 and updates
-are answered with permission-denied and never applied. Frames to a connection go through a
-bounded send queue; a client that reads too slowly to keep it under its bound is disconnected
-(4408) rather than growing the hub's memory. A malformed frame closes that connection only
-(4400, or 4413 for a frame over the size limit, 4422 for update bytes the record refuses):
-the session and the record are untouched. A connection whose token expires is closed (4401).
+leaving connection's clients for everyone; a connection that sent no frame for
+``HubLimits.awareness_timeout`` (30 s) has its clients removed for everyone too (it stays
+connected; its next announcement brings them back). A read-only connection's sync step 2 and
+updates are answered with permission-denied and never applied. Frames to a connection go
+through a bounded send queue; a client that reads too slowly to keep it under its bound is
+disconnected (4408) rather than growing the hub's memory. A malformed frame closes that
+connection only (4400, or 4413 for a frame over the size limit, 4422 for update bytes the
+record refuses): the session and the record are untouched. A connection whose token expires
+is closed (4401). A connection sending frames faster than its token bucket allows
+(``rate_per_second``, ``rate_burst``) is closed (4429).
+
+**Document size.** A run whose document (its v1 encoding) is over
+``HubLimits.max_document_bytes`` is not loaded (4414), and an update that would take it past the
+limit is refused before it is applied or journaled (4414; an entry given to the journal ops
+is answered with the error ``PAYLOAD_TOO_LARGE`` instead). The size is measured once when the
+run is loaded (one full encoding, 4-11 ms per MB), then kept as a bound by adding the length of
+each transaction's update (+64 bytes) and reserving room for updates being applied; it is
+measured again only when that bound would pass the limit.
 
 Extension requests (message type 100) are dispatched to the op registry of :mod:`sync._ops`
 (``flush``: answered once everything the run's record holds is journaled; ``whoami``: the
@@ -48,12 +66,14 @@ token's claims; ...); an unknown op is answered with the error ``UNSUPPORTED_OP`
 from __future__ import annotations
 
 import logging
+import os
 import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -71,6 +91,7 @@ from crdtstore import (
     CrdtStoreError,
     InvalidName,
     InvalidUpdate,
+    InvalidValue,
     PayloadTooLarge,
     PolicyViolation,
     Record,
@@ -95,12 +116,19 @@ from ._messages import (
     encode_awareness_update,
 )
 from ._ops import OpContext, dispatch
+from ._ops_journal import push_heads  # registers the journal ops (the ws:// client's)
+from ._ops_leases import LEASE_OPS as LEASE_OPS  # registers the lease ops
 from ._session import ServerSession
 from ._tokens import (
     TOKEN_SUBPROTOCOL_PREFIX,
+    RevocationFileError,
     TokenClaims,
     TokenError,
     _check_secret,
+    append_revoked,
+    check_jti,
+    default_revoked_file,
+    read_revoked,
     verify,
 )
 
@@ -112,6 +140,7 @@ HUB_AGENT: Final = "hub"
 SUBPROTOCOL: Final = "crdtstore"
 _EMPTY_UPDATES: Final = (b"\x00\x00",)
 _MAX_REASON: Final = 120  # a close reason is at most 123 bytes of UTF-8
+_GROWTH_SLACK: Final = 64  # bytes counted per update on top of its length (see _Room.size)
 
 
 @dataclass(frozen=True)
@@ -125,6 +154,21 @@ class HubLimits:
             the connection is closed with 4408 (slow consumer).
         close_timeout: seconds to wait for the peer's close frame.
         ping_interval: seconds between keepalive pings (None: no pings).
+        awareness_timeout: a connection that sent no frame for this many seconds has its
+            awareness states removed for everyone (y-protocols' ``outdatedTimeout``; Yjs
+            clients renew their state every 15 s). They come back with its next announcement.
+        max_document_bytes: the largest a run's document may get (its v1 encoding, as a new
+            client downloads it); an update that would take it past is refused with 4414, and
+            a run already past it is not loaded (4414). None: no limit.
+        rate_per_second, rate_burst: token bucket on the frames a connection sends: it may
+            send ``rate_burst`` frames at once and ``rate_per_second`` on average; past that
+            it is closed with 4429 (frames are not queued or answered with an error first: a
+            client that floods the hub is misbehaving, and y-websocket treats 44xx as final).
+            None: no limit.
+        revocation_poll: seconds between checks of the revocation file for changes.
+
+    Raises:
+        InvalidValue: a limit that is not > 0.
     """
 
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
@@ -132,6 +176,26 @@ class HubLimits:
     max_queue_bytes: int = 64 * 1024 * 1024
     close_timeout: float = 5.0
     ping_interval: float | None = 20.0
+    awareness_timeout: float = 30.0
+    max_document_bytes: int | None = 256 * 1024 * 1024
+    rate_per_second: float | None = 2000.0
+    rate_burst: int = 10_000
+    revocation_poll: float = 0.5
+
+    def __post_init__(self) -> None:
+        positive: dict[str, float | None] = {
+            "max_message_size": self.max_message_size,
+            "max_queue_frames": self.max_queue_frames,
+            "max_queue_bytes": self.max_queue_bytes,
+            "awareness_timeout": self.awareness_timeout,
+            "max_document_bytes": self.max_document_bytes,
+            "rate_per_second": self.rate_per_second,
+            "rate_burst": self.rate_burst,
+            "revocation_poll": self.revocation_poll,
+        }
+        for name, value in positive.items():
+            if value is not None and not value > 0:
+                raise InvalidValue(f"HubLimits.{name} must be > 0, not {value!r}")
 
 
 # The connection whose frame the current task is applying; the hub's records attribute
@@ -165,14 +229,40 @@ class _HubRecord(Record):
     def source(self, value: str) -> None:
         self._hub_source = value
 
+    async def _append_externals(self, updates: Sequence[bytes], **kwargs: Any) -> list[int]:
+        # journal ops (sync._ops_journal) apply a connection's entries through here
+        # (``_append_external`` too): hold them to the run's document size limit as well
+        # (refused: PayloadTooLarge, as an error response; nothing applied or journaled)
+        conn = _CURRENT.get()
+        if conn is None:
+            return await super()._append_externals(updates, **kwargs)
+        room, limit = conn.room, conn.limits.max_document_bytes
+        reserved = 0
+        try:
+            for update in updates:  # (the record refuses what is not bytes)
+                size = len(update) if isinstance(update, bytes) else 0
+                reserved += room.reserve(size, limit)
+            return await super()._append_externals(updates, **kwargs)
+        finally:
+            room.release(reserved)
+
 
 class _CheckingDocument(ReplicaDocument):
     """The session's view of the run's record: reads are the record's document; ``apply_update``
-    only checks the bytes, the hub then applies and journals them through the record (which
+    only checks the bytes and reserves their room under the run's document size limit
+    (:meth:`_Room.reserve`), the hub then applies and journals them through the record (which
     is async, and attributes them to the connection's agent)."""
+
+    def __init__(self, room: _Room, max_document_bytes: int | None) -> None:
+        assert room.rec is not None
+        super().__init__(room.rec.replica)
+        self.room = room
+        self.max_document_bytes = max_document_bytes
+        self.reservation = 0  # of the update just checked; the hub releases it (Hub._apply)
 
     def apply_update(self, update: bytes) -> None:
         self.replica.check_update(update)
+        self.reservation = self.room.reserve(len(update), self.max_document_bytes)
 
 
 class _Room:
@@ -190,10 +280,45 @@ class _Room:
         self.closing = False
         self.closed = anyio.Event()
         self._subscription: Any = None
+        # Size of the document's v1 encoding: exact when measured, then a bound kept by adding
+        # the length of every transaction's update since plus _GROWTH_SLACK (an applied update
+        # grew the encoding by at most its length + 37 bytes over 12,000 random map/text
+        # edits); `reserved`: the bytes of updates checked against the limit, not yet applied.
+        self.size = 0
+        self.reserved = 0
 
-    def attach(self, rec: _HubRecord) -> None:
+    def attach(self, rec: _HubRecord, size: int) -> None:
         self.rec = rec
+        self.size = size
         self._subscription = rec.replica.doc.observe(self._on_transaction)
+
+    def measure(self) -> int:
+        """The exact encoded size of the document (one full encoding: 4-11 ms per MB)."""
+        assert self.rec is not None
+        self.size = len(self.rec.replica.doc.get_update())
+        return self.size
+
+    def reserve(self, update_size: int, limit: int | None) -> int:
+        """Reserve room for an update of ``update_size`` bytes under the document size
+        ``limit`` until it is applied (or refused): give the result to :meth:`release` then.
+        The size is measured exactly only when the running bound would pass the limit.
+
+        Raises:
+            PayloadTooLarge: (``what="document"``) the document would pass ``limit``.
+        """
+        if limit is None:
+            return 0
+        grow = update_size + _GROWTH_SLACK
+        if self.size + self.reserved + grow > limit:
+            self.measure()
+            if self.size + self.reserved + grow > limit:
+                raise PayloadTooLarge("document", self.size + self.reserved + grow, limit)
+        self.reserved += grow
+        return grow
+
+    def release(self, reservation: int) -> None:
+        """End a reservation (the update is applied and counted in ``size``, or refused)."""
+        self.reserved -= reservation
 
     def detach(self) -> None:
         if self.rec is not None and self._subscription is not None:
@@ -203,15 +328,16 @@ class _Room:
     def _on_transaction(self, event: Any) -> None:
         # A connection's update is broadcast by its own task (as received, to the others);
         # what else changes the document comes from the journal (other processes' writes).
-        if _CURRENT.get() is not None:
-            return
         update = bytes(event.update)
-        if update not in _EMPTY_UPDATES:
+        if update in _EMPTY_UPDATES:
+            return
+        self.size += len(update) + _GROWTH_SLACK
+        if _CURRENT.get() is None:
             self.broadcast(encode(Update(update)))
 
     def broadcast(self, frame: bytes, exclude: _Conn | None = None) -> None:
         for conn in list(self.conns):
-            if conn is not exclude:
+            if conn is not exclude and not conn.journal_client:  # those get pushes instead
                 conn.send(frame)
 
     def update_awareness(self, entries: Iterable[AwarenessEntry]) -> None:
@@ -232,6 +358,10 @@ class _Room:
 class _Conn:
     """One accepted connection: its claims, session and bounded send queue."""
 
+    # a crdtstore client (subprotocol ``crdtstore``): it tails the journal (journal ops) and
+    # gets head pushes, never Yjs sync or update frames (see sync._ops_journal)
+    journal_client = False
+
     def __init__(
         self,
         ws: ServerConnection,
@@ -250,6 +380,17 @@ class _Conn:
         self.wakeup = anyio.Event()
         self.close_with: tuple[int, str] | None = None
         self.scope: anyio.CancelScope | None = None
+        now = time.monotonic()
+        # token bucket of received frames (HubLimits.rate_per_second, rate_burst)
+        self.rate = limits.rate_per_second
+        self.burst = float(limits.rate_burst)
+        self.allowance = self.burst
+        self.allowance_at = now
+        # awareness timeout: when the last frame arrived; the watchdog waits on `heard` once it
+        # removed the connection's awareness clients (client id -> clock it removed)
+        self.last_heard = now
+        self.heard: anyio.Event | None = None
+        self.awareness_expired: dict[int, int] = {}
 
     def __repr__(self) -> str:
         return f"<connection {self.claims.agent}@{self.room.tenant}/{self.room.run}>"
@@ -303,6 +444,56 @@ class _Conn:
         log.info("%r: token expired", self)
         self.close(CloseCode.UNAUTHORIZED, "TOKEN_EXPIRED: token expired")
 
+    def heard_from(self) -> bool:
+        """Note that a frame arrived; False if it is one too many for the rate limit."""
+        now = time.monotonic()
+        self.last_heard = now
+        if self.heard is not None:
+            self.heard.set()
+            self.heard = None
+        if self.rate is None:
+            return True
+        allowance = self.allowance + (now - self.allowance_at) * self.rate
+        if allowance > self.burst:
+            allowance = self.burst
+        self.allowance_at = now
+        if allowance < 1.0:
+            self.allowance = allowance
+            return False
+        self.allowance = allowance - 1.0
+        return True
+
+    def awareness_removal(self) -> bytes | None:
+        """Remove this connection's awareness clients from the run's states (those not removed
+        already by the awareness timeout); the frame telling the others, if any."""
+        entries = [
+            AwarenessEntry(client, clock + 1, "null")
+            for client, clock in sorted(self.session.awareness_clients.items())
+            if self.awareness_expired.get(client) != clock
+        ]
+        if not entries:
+            return None
+        for entry in entries:
+            self.room.awareness.pop(entry.client_id, None)
+            self.awareness_expired[entry.client_id] = entry.clock - 1
+        return encode(Awareness(encode_awareness_update(entries)))
+
+    async def awareness_watchdog(self) -> None:
+        """Remove the connection's awareness clients for everyone once it has been silent for
+        ``awareness_timeout`` seconds (its next announcement brings them back)."""
+        timeout = self.limits.awareness_timeout
+        while True:
+            silent = time.monotonic() - self.last_heard
+            if silent < timeout:
+                await anyio.sleep(timeout - silent)
+                continue
+            removal = self.awareness_removal()
+            if removal is not None:
+                log.info("%r: silent for %.1f s; its awareness states are removed", self, silent)
+                self.room.broadcast(removal)
+            self.heard = anyio.Event()
+            await self.heard.wait()
+
 
 def _offered_subprotocols(headers: Headers) -> list[str]:
     return [
@@ -331,8 +522,15 @@ class Hub:
         store_url: the store (``sqlite:///path/store.db``); a store object is opened per
             tenant met in a token.
         secret: the token signing secret (at least 16 bytes).
-        limits: message size and send queue bounds.
+        limits: message size, send queue, document size, rate and timeout limits.
         clock: the time tokens are checked against (seconds since the epoch).
+        revoked_file: the revocation list (:func:`sync._tokens.read_revoked`), re-read when it
+            changes (checked every ``limits.revocation_poll`` seconds); default: next to a
+            SQLite store's database (``store.db.revoked``), none for other stores.
+
+    Raises:
+        SecretMissing: ``secret`` is too short.
+        RevocationFileError: the revocation file exists but cannot be read.
     """
 
     def __init__(
@@ -342,11 +540,19 @@ class Hub:
         *,
         limits: HubLimits | None = None,
         clock: Callable[[], float] = time.time,
+        revoked_file: str | Path | None = None,
     ) -> None:
         self.store_url = store_url
         self._secret = secret
         self.limits = limits or HubLimits()
         self._clock = clock
+        self.revoked_file = (
+            Path(revoked_file) if revoked_file is not None else default_revoked_file(store_url)
+        )
+        self._revoked_here: set[str] = set()  # by Hub.revoke
+        self._revoked_listed: frozenset[str] = frozenset()  # in the revocation file
+        self._revoked: frozenset[str] = frozenset()  # the union
+        self._revoked_file_stamp: tuple[int, int, int] | None = None
         self._stores: dict[str, Store] = {}
         self._store_locks: dict[str, anyio.Lock] = {}
         self._rooms: dict[tuple[str, str], _Room] = {}
@@ -356,6 +562,7 @@ class Hub:
         self._stopping = anyio.Event()
         self._changed = anyio.Event()
         _check_secret(secret)  # fail now, not at the first connection
+        self._read_revoked_file(strict=True)  # an unreadable list: fail now, not serve without
 
     # -- introspection (tests, metrics) -----------------------------------------------------------
 
@@ -372,6 +579,76 @@ class Hub:
     def _fire_changed(self) -> None:
         old, self._changed = self._changed, anyio.Event()
         old.set()
+
+    # -- revocation -------------------------------------------------------------------------------
+
+    def revoke(self, jti: str) -> int:
+        """Revoke the token with id ``jti``: it is refused at the upgrade from now on, and the
+        connections using it are closed with 4403 (``TOKEN_REVOKED``). It is added to the
+        revocation file too, if the hub has one (so that other hubs and a restart know).
+        Returns the number of connections closed.
+
+        Raises:
+            InvalidValue: ``jti`` is not a token id.
+            RevocationFileError: the revocation file cannot be written (the token is revoked
+                in this hub all the same).
+        """
+        check_jti(jti)
+        self._revoked_here.add(jti)
+        closed = self._set_revoked(self._revoked_listed)
+        if self.revoked_file is not None:
+            append_revoked(self.revoked_file, jti, f"revoked by the hub at {int(time.time())}")
+        return closed
+
+    @property
+    def revoked(self) -> frozenset[str]:
+        """The token ids the hub refuses."""
+        return self._revoked
+
+    def _set_revoked(self, listed: frozenset[str]) -> int:
+        self._revoked_listed = listed
+        before, self._revoked = self._revoked, listed | self._revoked_here
+        closed = 0
+        if self._revoked - before:
+            for room in list(self._rooms.values()):
+                for conn in list(room.conns):
+                    if conn.claims.jti is not None and conn.claims.jti in self._revoked:
+                        log.warning("%r: token %s revoked; closing", conn, conn.claims.jti)
+                        conn.close(CloseCode.FORBIDDEN, "TOKEN_REVOKED: token revoked")
+                        closed += 1
+        return closed
+
+    def _read_revoked_file(self, *, strict: bool = False) -> None:
+        """Re-read the revocation file if it changed (size, mtime or inode) since last time.
+        If it cannot be read, the ids read before stay revoked (``strict``: raise
+        :class:`RevocationFileError` instead: the hub does not start)."""
+        if self.revoked_file is None:
+            return
+        try:
+            try:
+                st = os.stat(self.revoked_file)
+                stamp: tuple[int, int, int] | None = (st.st_mtime_ns, st.st_size, st.st_ino)
+            except FileNotFoundError:
+                stamp = None
+            except OSError as exc:
+                raise RevocationFileError(self.revoked_file, exc) from None
+            if stamp == self._revoked_file_stamp:
+                return
+            listed = read_revoked(self.revoked_file)
+        except RevocationFileError as exc:
+            if strict:
+                raise
+            log.error("%s; the %d ids read before stay revoked", exc, len(self._revoked_listed))
+            return
+        self._revoked_file_stamp = stamp
+        if listed != self._revoked_listed:
+            log.info("revocation file %s: %d token ids", self.revoked_file, len(listed))
+        self._set_revoked(listed)
+
+    async def _watch_revocations(self) -> None:
+        while True:
+            await anyio.sleep(self.limits.revocation_poll)
+            self._read_revoked_file()
 
     # -- serving ----------------------------------------------------------------------------------
 
@@ -392,6 +669,8 @@ class Hub:
             server: Server | None = None
             try:
                 await self._store("default")  # fail at start on a bad store URL
+                self._read_revoked_file()
+                tg.start_soon(self._watch_revocations)
                 server = await serve(
                     self._handler,
                     host,
@@ -459,7 +738,9 @@ class Hub:
                     token = p[len(TOKEN_SUBPROTOCOL_PREFIX) :]
                     break
         try:
-            claims = verify(self._secret, token, self._clock(), tenant=tenant, run=run)
+            claims = verify(
+                self._secret, token, self._clock(), tenant=tenant, run=run, revoked=self._revoked
+            )
         except TokenError as exc:
             log.info("refused a connection to %s/%s: %s (%s)", tenant, run, exc.code, exc.reason)
             return connection.respond(exc.http_status, f"{exc.code}: {exc.reason}\n")
@@ -478,12 +759,18 @@ class Hub:
                     store = await self._store(tenant)
                     rec = _HubRecord(store, run, HUB_AGENT, "system", create=not claims.read_only)
                     await rec.start()
+                    size = len(rec.replica.doc.get_update())
+                    limit = self.limits.max_document_bytes
+                    if limit is not None and size > limit:
+                        with anyio.CancelScope(shield=True):
+                            await rec.aclose()
+                        raise PayloadTooLarge("document", size, limit)
                 except BaseException:
                     room.failed = True
                     del self._rooms[key]
                     room.ready.set()
                     raise
-                room.attach(rec)
+                room.attach(rec, size)
                 room.users += 1
                 room.ready.set()
                 log.info("loaded run %s/%s", tenant, run)
@@ -531,13 +818,17 @@ class Hub:
         except RunClosed as exc:
             await ws.close(CloseCode.RUN_CLOSED, f"{exc.code}: {exc}"[:_MAX_REASON])
             return
+        except PayloadTooLarge as exc:
+            log.warning("refused to load run %s/%s: %s", tenant, run, exc)
+            await ws.close(CloseCode.DOCUMENT_TOO_LARGE, f"{exc.code}: {exc}"[:_MAX_REASON])
+            return
         except CrdtStoreError as exc:
             log.error("cannot load run %s/%s: %s", tenant, run, exc)
             await ws.close(CloseCode.INTERNAL_ERROR, exc.code)
             return
         assert room.rec is not None
         session = ServerSession(
-            _CheckingDocument(room.rec.replica),
+            _CheckingDocument(room, self.limits.max_document_bytes),
             read_only=claims.read_only,
             max_message_size=self.limits.max_message_size,
         )
@@ -547,23 +838,30 @@ class Hub:
                 conn.scope = tg.cancel_scope
                 tg.start_soon(conn.sender)
                 tg.start_soon(conn.expire, claims.exp)
+                tg.start_soon(conn.awareness_watchdog)
                 room.conns.add(conn)
                 self._fire_changed()
+                if claims.jti is not None and claims.jti in self._revoked:  # since the upgrade
+                    log.warning("%r: token %s revoked; closing", conn, claims.jti)
+                    conn.close(CloseCode.FORBIDDEN, "TOKEN_REVOKED: token revoked")
+                    return
                 log.info("%r: connected (%s)", conn, claims.mode)
-                for frame in session.start():
-                    conn.send(frame)
-                states = room.awareness_frame()
-                if states is not None:
-                    conn.send(states)
+                if ws.subprotocol == SUBPROTOCOL:
+                    conn.journal_client = True
+                    tg.start_soon(push_heads, conn)
+                else:
+                    for frame in session.start():
+                        conn.send(frame)
+                    states = room.awareness_frame()
+                    if states is not None:
+                        conn.send(states)
                 await self._receive(conn)
                 tg.cancel_scope.cancel()
         finally:
             room.conns.discard(conn)
-            removal = session.awareness_removal()
+            removal = conn.awareness_removal()
             if removal is not None:
-                for client in session.awareness_clients:
-                    room.awareness.pop(client, None)
-                room.broadcast(encode(removal))
+                room.broadcast(removal)
             with anyio.CancelScope(shield=True):
                 await self._release(room)
                 if conn.close_with is not None:
@@ -577,6 +875,16 @@ class Hub:
             try:
                 frame = await ws.recv()
             except ConnectionClosed:
+                return
+            if not conn.heard_from():
+                log.warning(
+                    "%r: more than %d frames at once or %g per second; closing with %d",
+                    conn,
+                    self.limits.rate_burst,
+                    self.limits.rate_per_second,
+                    CloseCode.TOO_MANY_REQUESTS,
+                )
+                conn.close(CloseCode.TOO_MANY_REQUESTS, "RATE_LIMITED: too many frames per second")
                 return
             if isinstance(frame, str):
                 log.warning("%r: a text frame; closing with %d", conn, CloseCode.MALFORMED)
@@ -607,7 +915,11 @@ class Hub:
 
     async def _apply(self, conn: _Conn, update: bytes) -> None:
         """Apply and journal a connection's update as its token's agent, then broadcast it."""
+        document = conn.session.document
+        assert isinstance(document, _CheckingDocument)
+        reservation, document.reservation = document.reservation, 0
         if update in _EMPTY_UPDATES:
+            conn.room.release(reservation)
             return
         rec = conn.room.rec
         assert rec is not None
@@ -633,6 +945,7 @@ class Hub:
             return
         finally:
             _CURRENT.reset(token)
+            conn.room.release(reservation)
         conn.room.broadcast(encode(Update(update)), exclude=conn)
 
     async def _request(self, conn: _Conn, request: Request) -> None:

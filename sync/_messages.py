@@ -10,6 +10,7 @@ Wire format (``•`` concatenates; see ``_encoding`` for the primitives)::
     queryAwareness         = varUint(3)
     request(json)          = varUint(100) • varUint(0) • varString(JSON of Request)
     response(json)         = varUint(100) • varUint(1) • varString(JSON of Response)
+    push(json)             = varUint(100) • varUint(2) • varString(JSON of Push)
 
 An awareness update is ``varUint(n) • n * (varUint(client) • varUint(clock) •
 varString(JSON state))``; a removed client's state is ``null``.
@@ -21,6 +22,10 @@ codes. y-websocket has handlers for types 0-3 only; it would log "Unable to comp
 for a type 100 frame, so the hub sends type 100 only in answer to a type 100 request, and a
 Yjs client that never asks never sees one. The hub processes a connection's frames in order,
 so a response also acknowledges every update that the client sent before the request.
+
+A :class:`Push` is the hub telling a crdtstore client (a connection that chose the
+``crdtstore`` subprotocol, never a plain Yjs client) something unasked: ``{"push": "head",
+"seq": N}`` when the run's journal head moved to ``N``.
 
 Decoding is strict: one message per frame, no trailing bytes, known types only, JSON payloads
 validated by the pydantic models below. Every failure is a :class:`~sync.ProtocolError`.
@@ -63,6 +68,7 @@ __all__ = [
     "Message",
     "MessageType",
     "PermissionDenied",
+    "Push",
     "QueryAwareness",
     "Request",
     "Response",
@@ -110,6 +116,7 @@ class ExtensionType(IntEnum):
 
     REQUEST = 0
     RESPONSE = 1
+    PUSH = 2
 
 
 # -- binary messages ------------------------------------------------------------------------
@@ -258,6 +265,16 @@ class Response(BaseModel):
         return cls(id=request_id, error=info)
 
 
+class Push(BaseModel):
+    """An unasked notice from the hub to a crdtstore client: ``push`` says what (``head``:
+    the run's journal head moved to ``seq``)."""
+
+    model_config = _MODEL_CONFIG
+
+    push: Annotated[str, Field(max_length=64, pattern=OP_PATTERN)]
+    seq: Annotated[StrictInt, Field(ge=0, le=MAX_SAFE_INTEGER)] = 0
+
+
 Message = (
     SyncStep1
     | SyncStep2
@@ -267,6 +284,7 @@ Message = (
     | QueryAwareness
     | Request
     | Response
+    | Push
 )
 """Every message a frame can hold."""
 
@@ -309,9 +327,15 @@ def encode(message: Message) -> bytes:
         enc.write_var_string(message.reason)
     elif isinstance(message, QueryAwareness):
         enc.write_var_uint(MessageType.QUERY_AWARENESS)
-    elif isinstance(message, (Request, Response)):
+    elif isinstance(message, (Request, Response, Push)):
         enc.write_var_uint(MessageType.CRDTSTORE)
-        kind = ExtensionType.REQUEST if isinstance(message, Request) else ExtensionType.RESPONSE
+        kind = (
+            ExtensionType.REQUEST
+            if isinstance(message, Request)
+            else ExtensionType.RESPONSE
+            if isinstance(message, Response)
+            else ExtensionType.PUSH
+        )
         enc.write_var_uint(kind)
         try:
             text = _dump_json(message)
@@ -332,7 +356,9 @@ def _parse_json(text: str, what: str) -> Any:
         raise ProtocolError(f"{what} is not valid JSON: {exc}") from None
 
 
-def _validate(model: type[Request] | type[Response], text: str) -> Request | Response:
+def _validate(
+    model: type[Request] | type[Response] | type[Push], text: str
+) -> Request | Response | Push:
     data = _parse_json(text, model.__name__.lower())
     try:
         return model.model_validate(data)
@@ -382,6 +408,8 @@ def decode(frame: bytes, *, max_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> Message
             message = _validate(Request, dec.read_var_string())
         elif sub == ExtensionType.RESPONSE:
             message = _validate(Response, dec.read_var_string())
+        elif sub == ExtensionType.PUSH:
+            message = _validate(Push, dec.read_var_string())
         else:
             raise ProtocolError(f"unknown crdtstore message type {sub}")
     else:

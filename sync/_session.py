@@ -44,6 +44,7 @@ from ._messages import (
     AwarenessEntry,
     Message,
     PermissionDenied,
+    Push,
     QueryAwareness,
     Request,
     Response,
@@ -232,7 +233,7 @@ class ServerSession(_Session):
                 )
             self._pending[message.id] = message
             out = Received(message)
-        else:  # PermissionDenied, Response: only the hub sends those
+        else:  # PermissionDenied, Response, Push: only the hub sends those
             raise ProtocolError(f"a client does not send {type(message).__name__}")
         self.frames_received += 1
         return out
@@ -363,6 +364,8 @@ class ClientSession(_Session):
                 raise ProtocolError(f"response to unknown request id {message.id!r}")
             del self._pending[message.id]
             out = Received(message)
+        elif isinstance(message, Push):
+            out = Received(message)  # the provider acts on it (head: read the journal)
         else:  # Request: the hub does not make requests
             raise ProtocolError(f"the hub does not send {type(message).__name__}")
         self.frames_received += 1

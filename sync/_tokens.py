@@ -7,11 +7,20 @@ WebSocket subprotocol (``crdtstore.token.<token>``).
 
 The claims say who the agent is and what it may touch::
 
-    TokenClaims(tenant="acme", run="r1", agent="planner", mode="rw", exp=1767225600)
+    TokenClaims(tenant="acme", run="r1", agent="planner", mode="rw", exp=1767225600,
+                jti="5kqB0eYc3hV1yXw8ZsGq9A")
 
 ``run`` is a run name, or a prefix ending with ``*`` (``"nightly-*"``; ``"*"`` is every run of
 the tenant). The hub takes the agent identity of every write from the token, never from
-the client.
+the client. ``jti`` is the token's unique id (:func:`new_jti`; ``crdtstore token`` always sets
+one): the handle to revoke it by. Tokens minted without one still verify, but can only be
+stopped by their expiry or by changing the secret.
+
+**Revocation list.** A plain text file, one revoked ``jti`` per line (anything after the first
+whitespace, and lines starting with ``#``, are comments): :func:`append_revoked` adds one
+(``crdtstore token revoke``), :func:`read_revoked` reads them; the hub re-reads the file when
+it changes (see :mod:`sync._hub`). For a ``sqlite:///path/store.db`` store its default place
+is next to the database, ``path/store.db.revoked`` (:func:`default_revoked_file`).
 
 Errors (under crdtstore's tree, stable codes)::
 
@@ -19,7 +28,8 @@ Errors (under crdtstore's tree, stable codes)::
     └── TokenError (PermissionError)
         ├── TokenInvalid                    TOKEN_INVALID    (HTTP 401, close 4401)
         │   └── TokenExpired                TOKEN_EXPIRED    (HTTP 401, close 4401)
-        └── Forbidden                       FORBIDDEN        (HTTP 403, close 4403)
+        ├── Forbidden                       FORBIDDEN        (HTTP 403, close 4403)
+        └── TokenRevoked                    TOKEN_REVOKED    (HTTP 403, close 4403)
     SecretMissing (ValueError)              SECRET_MISSING
 """
 
@@ -30,15 +40,18 @@ import binascii
 import hashlib
 import hmac
 import os
+import re
+import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Container, Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Final, Literal
 
 import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from crdtstore import CrdtStoreError
+from crdtstore import CrdtStoreError, InvalidValue, UnsupportedURL
+from crdtstore._backends.sqlite import sqlite_path
 from crdtstore._names import check_name
 
 from ._errors import CloseCode
@@ -49,13 +62,20 @@ __all__ = [
     "SECRET_ENV",
     "TOKEN_SUBPROTOCOL_PREFIX",
     "Forbidden",
+    "RevocationFileError",
     "SecretMissing",
     "TokenClaims",
     "TokenError",
     "TokenExpired",
     "TokenInvalid",
+    "TokenRevoked",
+    "append_revoked",
+    "check_jti",
+    "default_revoked_file",
     "load_secret",
     "mint",
+    "new_jti",
+    "read_revoked",
     "verify",
 ]
 
@@ -63,6 +83,8 @@ SECRET_ENV: Final = "CRDTSTORE_SECRET"
 MIN_SECRET_BYTES: Final = 16
 MAX_TOKEN_LENGTH: Final = 4096
 TOKEN_SUBPROTOCOL_PREFIX: Final = "crdtstore.token."
+_JTI_PATTERN: Final = r"^[A-Za-z0-9_-]{1,64}$"
+_JTI_RE: Final = re.compile(_JTI_PATTERN)
 
 
 # -- errors ---------------------------------------------------------------------------------
@@ -106,6 +128,28 @@ class Forbidden(TokenError):
     close_code = int(CloseCode.FORBIDDEN)
 
 
+class TokenRevoked(TokenError):
+    """The token is valid, but its ``jti`` was revoked."""
+
+    code = "TOKEN_REVOKED"
+    http_status = 403
+    close_code = int(CloseCode.FORBIDDEN)
+
+    def __init__(self, jti: str) -> None:
+        self.jti = jti
+        super().__init__(f"token {jti} was revoked")
+
+
+class RevocationFileError(CrdtStoreError, OSError):
+    """The revocation file cannot be read or written."""
+
+    code = "REVOCATION_FILE"
+
+    def __init__(self, path: str | Path, exc: OSError) -> None:
+        self.path = str(path)
+        super().__init__(f"revocation file {path}: {exc.strerror or exc}")
+
+
 class SecretMissing(CrdtStoreError, ValueError):
     """No signing secret was given, or it is too short to be one."""
 
@@ -122,7 +166,9 @@ class SecretMissing(CrdtStoreError, ValueError):
 class TokenClaims(BaseModel):
     """What a token grants: ``agent`` may use ``run`` (or runs starting with a prefix ending
     in ``*``) of ``tenant``, reading (``ro``) or reading and writing (``rw``), until ``exp``
-    (seconds since the epoch). ``source`` is the provenance source kind of its writes."""
+    (seconds since the epoch). ``source`` is the provenance source kind of its writes;
+    ``jti`` the token's unique id (None in tokens minted without one: those cannot be
+    revoked)."""
 
     model_config = ConfigDict(frozen=True, strict=True, extra="forbid")
 
@@ -132,6 +178,7 @@ class TokenClaims(BaseModel):
     mode: Literal["rw", "ro"]
     exp: Annotated[int, Field(ge=0)]
     source: Literal["tool", "model", "user", "system"] = "model"
+    jti: Annotated[str, Field(pattern=_JTI_PATTERN)] | None = None
 
     @field_validator("tenant")
     @classmethod
@@ -227,9 +274,11 @@ def verify(
     *,
     tenant: str | None = None,
     run: str | None = None,
+    revoked: Container[str] = frozenset(),
 ) -> TokenClaims:
-    """The claims of ``token`` if it was signed with ``secret`` and has not expired at ``now``
-    (default: the current time); with ``tenant`` and ``run``, also check that it covers them.
+    """The claims of ``token`` if it was signed with ``secret``, has not expired at ``now``
+    (default: the current time) and its ``jti`` is not in ``revoked``; with ``tenant`` and
+    ``run``, also check that it covers them.
 
     The signature is compared in constant time, before the claims are parsed.
 
@@ -237,6 +286,7 @@ def verify(
         TokenInvalid: missing, malformed, or not signed with ``secret``.
         TokenExpired: ``exp`` is not after ``now``.
         Forbidden: the token does not cover ``tenant``/``run``.
+        TokenRevoked: its ``jti`` is in ``revoked``.
     """
     _check_secret(secret)
     if not token:
@@ -256,9 +306,86 @@ def verify(
     now = time.time() if now is None else now
     if claims.exp <= now:
         raise TokenExpired(claims.exp, now)
+    if claims.jti is not None and claims.jti in revoked:
+        raise TokenRevoked(claims.jti)
     if tenant is not None or run is not None:
         claims.check_scope(tenant or "", run or "")
     return claims
+
+
+def new_jti() -> str:
+    """A fresh token id: 16 random bytes, base64url (22 characters)."""
+    return secrets.token_urlsafe(16)
+
+
+# -- revocation list ------------------------------------------------------------------------
+
+
+def default_revoked_file(store_url: str) -> Path | None:
+    """Where the revocation list of the store at ``store_url`` lives by default: next to a
+    SQLite database (``sqlite:///path/store.db`` -> ``path/store.db.revoked``); None for
+    other stores (give the file explicitly)."""
+    try:
+        path = sqlite_path(store_url)
+    except UnsupportedURL:
+        return None
+    return path.with_name(path.name + ".revoked")
+
+
+def read_revoked(path: str | Path) -> frozenset[str]:
+    """The token ids listed in the revocation file ``path`` (empty if it does not exist).
+    Lines that do not start with a valid ``jti`` are ignored.
+
+    Raises:
+        RevocationFileError: it exists but cannot be read.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return frozenset()
+    except OSError as exc:
+        raise RevocationFileError(path, exc) from None
+    return frozenset(_revoked_ids(text.splitlines()))
+
+
+def check_jti(jti: str) -> str:
+    """``jti`` if it is a token id (1-64 base64url characters).
+
+    Raises:
+        InvalidValue: it is not.
+    """
+    if not isinstance(jti, str) or not _JTI_RE.fullmatch(jti):
+        raise InvalidValue(f"not a token id: {jti!r}")
+    return jti
+
+
+def _revoked_ids(lines: Iterable[str]) -> Iterable[str]:
+    for line in lines:
+        fields = line.split(None, 1)
+        if fields and _JTI_RE.fullmatch(fields[0]):
+            yield fields[0]
+
+
+def append_revoked(path: str | Path, jti: str, note: str = "") -> None:
+    """Add ``jti`` to the revocation file ``path`` (created if missing), with an optional
+    one-line ``note``. One ``write`` in append mode, so concurrent writers do not interleave.
+
+    Raises:
+        InvalidValue: ``jti`` is not a token id, or ``note`` spans lines.
+        RevocationFileError: the file cannot be written.
+    """
+    check_jti(jti)
+    if "\n" in note or "\r" in note:
+        raise InvalidValue("the note must be one line")
+    line = f"{jti} {note}".rstrip() + "\n"
+    try:
+        fd = os.open(Path(path), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode("utf-8"))
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise RevocationFileError(path, exc) from None
 
 
 def load_secret(

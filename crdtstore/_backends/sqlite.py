@@ -4,10 +4,23 @@ Several processes on one machine share one store file. The design follows SQLite
 
 - WAL mode, so readers never block the writer and the writer never blocks readers;
 - short ``BEGIN IMMEDIATE`` transactions (take the write lock up front, so two writers never
-  deadlock upgrading a read lock), with a generous busy timeout;
+  deadlock upgrading a read lock); a writer waits up to :data:`BUSY_TIMEOUT` seconds for the
+  lock;
 - a connection per store object and process, never shared across ``fork`` (checked: using a
   store in a forked child raises instead of corrupting the file);
-- the blocking driver calls run in worker threads so the event loop stays responsive;
+- the blocking driver calls run in worker threads so the event loop stays responsive, except
+  the two hot paths of cross-process propagation, which run on the event loop thread on a
+  connection of their own (the *loop connection*, busy timeout 0): a tail's read of a few new
+  rows (tens of microseconds, less than a hop to a worker thread, which costs milliseconds on
+  a loaded machine; a read asking for more than :data:`INLINE_ROWS` rows, or finding more
+  than :data:`INLINE_BYTES` bytes, goes to a thread) and a ``batched`` append (a few
+  microseconds of statements and a commit that does not sync). A busy write lock makes the
+  append retry in short steps (:data:`RETRY_FIRST` doubling to :data:`RETRY_MAX`, for at
+  most :data:`BUSY_TIMEOUT` seconds) instead of SQLite's busy handler, which sleeps 1, 2,
+  5, 10, 15, 20, 25... ms between tries. The loop connection never checkpoints on
+  commit (a checkpoint syncs the files: milliseconds); every :data:`CHECKPOINT_EVERY` of its
+  commits starts a checkpoint in a background thread on a connection of its own (see
+  ``_checkpoint_file``);
 - ``secure_delete`` so that deleting a run overwrites its bytes instead of leaving them in free
   pages, and a WAL checkpoint after deletes so they do not linger in the log either.
 
@@ -18,6 +31,7 @@ with ``synchronous=NORMAL`` (survives the death of any process, which is what ``
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sqlite3
 import sys
@@ -29,12 +43,56 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 
 from .._errors import BackendError, InvalidValue, RunClosed, UnknownRun, UnsupportedURL
 from .._journal import Authority, JournalBackend, NewEntry, Row, RunRow, SnapshotRow
 
+log = logging.getLogger("crdtstore.sqlite")
+
 T = TypeVar("T")
+
+INLINE_ROWS = 256  # reads of at most this many rows may run on the event loop thread ...
+INLINE_BYTES = 1 << 20  # ... and of at most this many bytes of update and effect
+RETRY_FIRST = 0.0002  # seconds before the first retry of a busy inline append (doubling)
+RETRY_MAX = 0.002  # longest pause between two retries
+BUSY_TIMEOUT = 30.0  # seconds a write waits for the write lock before BackendError
+CHECKPOINT_EVERY = 256  # inline commits between two background checkpoints
+WAL_RESTART_FRAMES = 4000  # a log longer than this is emptied by the background checkpoint
+
+_SQLITE_BUSY, _SQLITE_LOCKED = 5, 6
+
+
+def _is_busy(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is None:  # pragma: no cover - Python < 3.11
+        return "locked" in str(exc) or "busy" in str(exc)
+    return code & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED)
+
+
+def _checkpoint_file(path: Path) -> None:
+    """Checkpoint the store file on a connection of its own (a background thread: a checkpoint
+    syncs the files, which may take milliseconds).
+
+    A passive checkpoint never waits for a lock, but while writers keep committing it may never
+    catch up with the end of the log, and the log only starts over from its beginning once a
+    checkpoint did. So when the log holds more than :data:`WAL_RESTART_FRAMES` frames, a
+    ``TRUNCATE`` checkpoint follows: it holds the write lock while it copies the rest (writers
+    wait, they never block an event loop) and empties the log.
+    """
+    try:
+        db = sqlite3.connect(path, isolation_level=None, timeout=0)
+        try:
+            _, frames, _ = db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            if frames > WAL_RESTART_FRAMES:
+                db.execute("PRAGMA busy_timeout=1000")  # else skipped: the next one retries
+                db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        finally:
+            db.close()
+    except sqlite3.Error as exc:  # busy or gone: the next one catches up
+        log.debug("background checkpoint of %s skipped: %s", path, exc)
+
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -116,15 +174,22 @@ def sqlite_path(url: str) -> Path:
 
 
 class _Conn:
-    """One sqlite3 connection, used by one thread at a time."""
+    """One sqlite3 connection, used by one thread at a time.
 
-    def __init__(self, path: Path) -> None:
+    ``loop=True`` makes the loop connection: busy timeout 0 (its callers retry without
+    blocking the event loop) and no checkpoint on commit.
+    """
+
+    def __init__(self, path: Path, *, loop: bool = False) -> None:
         self.lock = threading.Lock()
         self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30.0)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.execute("PRAGMA secure_delete=ON")
         self.db.execute("PRAGMA foreign_keys=ON")
+        if loop:
+            self.db.execute("PRAGMA wal_autocheckpoint=0")
+            self.db.execute("PRAGMA busy_timeout=0")
         self.synchronous = "NORMAL"
 
     def close(self) -> None:
@@ -142,6 +207,9 @@ class SQLiteJournal(JournalBackend):
         self._pid = os.getpid()
         self._w: _Conn | None = None
         self._r: _Conn | None = None
+        self._l: _Conn | None = None  # the loop connection (see the module docstring)
+        self._inline_commits = 0  # commits on the loop connection since the last checkpoint
+        self._checkpointer: threading.Thread | None = None
         self._run_ids: dict[tuple[str, str], int] = {}
         self._wlock: anyio.Lock | None = None  # serialises this process's use of _w
         self._lease_db: sqlite3.Connection | None = None  # see lease_connection()
@@ -253,24 +321,29 @@ class SQLiteJournal(JournalBackend):
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
 
-            def connect() -> tuple[_Conn, _Conn]:
+            def connect() -> tuple[_Conn, _Conn, _Conn]:
                 w = _Conn(self.path)
                 w.db.executescript(_SCHEMA)
                 _migrate(w.db)
-                return w, _Conn(self.path)
+                return w, _Conn(self.path), _Conn(self.path, loop=True)
 
-            self._w, self._r = await anyio.to_thread.run_sync(connect)
+            self._w, self._r, self._l = await anyio.to_thread.run_sync(connect)
             self._wlock = anyio.Lock()
         except (OSError, sqlite3.Error) as exc:
             raise BackendError("sqlite", f"cannot open {self.path}: {exc}") from exc
 
     async def aclose(self) -> None:
-        for conn in (self._w, self._r):
-            if conn is not None and os.getpid() == self._pid:
+        mine = os.getpid() == self._pid
+        for conn in (self._w, self._r, self._l):
+            if conn is not None and mine:
                 conn.close()
-        if self._lease_db is not None and os.getpid() == self._pid:
+        if self._lease_db is not None and mine:
             self._lease_db.close()
-        self._w = self._r = self._lease_db = None
+        self._w = self._r = self._l = self._lease_db = None
+        checkpointer, self._checkpointer = self._checkpointer, None
+        if checkpointer is not None and mine:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(checkpointer.join)
 
     def lease_connection(self) -> sqlite3.Connection:
         """The lease layer's own connection to the store file, opened on first use and closed
@@ -385,11 +458,96 @@ class SQLiteJournal(JournalBackend):
             return []
         rid = await self._run_id(tenant, run)
         effects = [_dumps(e.effect) for e in entries]
+        if durable:  # the commit syncs the log: milliseconds on a disk, in a worker thread
 
-        def tx(db: sqlite3.Connection) -> list[int]:
-            return _append_tx(db, tenant, run, rid, entries, effects)
+            def tx(db: sqlite3.Connection) -> list[int]:
+                return _append_tx(db, tenant, run, rid, entries, effects)
 
-        return await self._write(tx, durable=durable)
+            return await self._write(tx, durable=True)
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        deadline = time.monotonic() + BUSY_TIMEOUT
+        delay = RETRY_FIRST
+        while True:
+            seqs = self._append_inline(tenant, run, rid, entries, effects)
+            if seqs is not None:
+                return seqs
+            if time.monotonic() >= deadline:
+                raise BackendError(
+                    "sqlite", f"database is locked (an append waited {BUSY_TIMEOUT:g} s)"
+                )
+            await anyio.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX)
+
+    def _append_inline(
+        self, tenant: str, run: str, rid: int, entries: Sequence[NewEntry], effects: list[str]
+    ) -> list[int] | None:
+        """Append in one transaction on the loop connection now, or return None at once when
+        the write lock (or the connection) is taken."""
+        conn = self._loop_conn()
+        if not conn.lock.acquire(blocking=False):
+            return None
+        db = conn.db
+        try:
+            try:
+                db.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                if _is_busy(exc):
+                    return None
+                raise BackendError("sqlite", f"{type(exc).__name__}: {exc}") from exc
+            try:
+                seqs = _append_tx(db, tenant, run, rid, entries, effects)
+                db.execute("COMMIT")
+            except BaseException as exc:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.Error):
+                    raise BackendError("sqlite", f"{type(exc).__name__}: {exc}") from exc
+                raise
+        finally:
+            conn.lock.release()
+        self._inline_commits += 1
+        if self._inline_commits >= CHECKPOINT_EVERY and (
+            self._checkpointer is None or not self._checkpointer.is_alive()
+        ):
+            self._inline_commits = 0
+            self._checkpointer = threading.Thread(
+                target=_checkpoint_file, args=(self.path,), name="crdtstore-checkpoint"
+            )
+            self._checkpointer.start()
+        return seqs
+
+    def _loop_conn(self) -> _Conn:
+        if self._l is None:
+            raise BackendError("sqlite", "store is not open")
+        if os.getpid() != self._pid:
+            raise BackendError("sqlite", "store object used after fork; open the store again")
+        return self._l
+
+    def _read_inline(self, sql: str, params: tuple[Any, ...]) -> list[Any] | None:
+        """Rows of a small read on the loop connection, or None when it is taken, busy, or
+        the rows turn out bigger than :data:`INLINE_BYTES` (then read in a worker thread)."""
+        conn = self._loop_conn()
+        if not conn.lock.acquire(blocking=False):
+            return None
+        try:
+            out: list[Any] = []
+            size = 0
+            cur = conn.db.execute(sql, params)
+            try:
+                for row in cur:
+                    out.append(row)
+                    size += len(row[5]) + len(row[6])
+                    if size > INLINE_BYTES:
+                        return None
+            finally:
+                cur.close()
+            return out
+        except sqlite3.Error as exc:
+            if _is_busy(exc):
+                return None
+            raise BackendError("sqlite", f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            conn.lock.release()
 
     @staticmethod
     def _rows(raw: list[Any]) -> list[Row]:
@@ -409,15 +567,19 @@ class SQLiteJournal(JournalBackend):
     ) -> list[Row]:
         rid = await self._run_id(tenant, run)
         # the skipped client's own entries come back light: no update bytes, no effect to parse
-        raw = await self._read(
-            lambda db: db.execute(
-                "SELECT seq, agent, source, client_id, wall_time,"
-                " CASE WHEN client_id = ? THEN X'' ELSE upd END,"
-                " CASE WHEN client_id = ? THEN '[]' ELSE effect END, crc, origin"
-                " FROM journal WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?",
-                (skip_client, skip_client, rid, after, limit),
-            ).fetchall()
+        sql = (
+            "SELECT seq, agent, source, client_id, wall_time,"
+            " CASE WHEN client_id = ? THEN X'' ELSE upd END,"
+            " CASE WHEN client_id = ? THEN '[]' ELSE effect END, crc, origin"
+            " FROM journal WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?"
         )
+        params = (skip_client, skip_client, rid, after, limit)
+        raw: list[Any] | None = None
+        if limit <= INLINE_ROWS:
+            await anyio.lowlevel.checkpoint_if_cancelled()
+            raw = self._read_inline(sql, params)
+        if raw is None:
+            raw = await self._read(lambda db: db.execute(sql, params).fetchall())
         return self._rows(raw)
 
     async def head(self, tenant: str, run: str) -> int:

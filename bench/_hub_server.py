@@ -1,0 +1,193 @@
+"""A WebSocket sync server in a process of its own, for ``bench/hub.py``.
+
+    python bench/_hub_server.py crdtstore --store sqlite:///tmp/x/store.db  # $CRDTSTORE_SECRET
+    python bench/_hub_server.py pycrdt [--preload /t/big=/tmp/x/big.update]
+    python bench/_hub_server.py relay
+
+``crdtstore``: our hub (:class:`sync.Hub`) with its default limits. ``pycrdt``:
+pycrdt-websocket's ``WebsocketServer`` behind a ``websockets`` server (the same WebSocket
+library and settings as our hub: no compression), through a small ``Channel`` adapter; with
+``--preload PATH=FILE`` the room ``PATH`` is created before the first client, its document
+holding the update in ``FILE`` (a run's record as pycrdt-websocket would serve it).
+``relay``: no document at all, each update frame relayed as is to the other connections of
+its path with ``websockets.broadcast``: the floor for a Python hub on ``websockets``.
+
+Prints ``PORT <n>`` on stdout once listening; stops on SIGTERM/SIGINT. ``--profile FILE``
+writes a cProfile of the whole process there on the way out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import cProfile
+import logging
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+
+def patch_direct_send() -> None:
+    """An experiment (``--direct-send``), not the hub as shipped: a connection whose send
+    queue is empty and whose socket buffer is small gets the frame written at once with
+    ``websockets.broadcast`` (synchronous, no task wake-up); otherwise the frame is queued
+    for the connection's sender task as before (same bound, same order)."""
+    from websockets.asyncio.server import broadcast
+
+    from sync import _hub
+
+    queued = _hub._Conn.send
+    limit = 64 * 1024
+
+    def send(self: Any, frame: bytes) -> None:
+        if self.close_with is None and not self.queue:
+            transport = self.ws.transport
+            if transport is not None and transport.get_write_buffer_size() < limit:
+                broadcast([self.ws], frame)
+                return
+        queued(self, frame)
+
+    _hub._Conn.send = send  # type: ignore[method-assign]
+
+
+async def serve_crdtstore(store: str, direct_send: bool = False) -> None:
+    import anyio
+
+    from sync import Hub
+
+    if direct_send:
+        patch_direct_send()
+
+    hub = Hub(store, os.environ["CRDTSTORE_SECRET"].encode())
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(hub.serve, "127.0.0.1", 0)
+        print(f"PORT {port}", flush=True)
+        await _until_signal()
+        tg.cancel_scope.cancel()
+
+
+class _Channel:
+    """pycrdt's ``Channel`` over a ``websockets`` server connection."""
+
+    def __init__(self, ws: Any) -> None:
+        self._ws = ws
+        self.path: str = ws.request.path
+
+    def __aiter__(self) -> _Channel:
+        return self
+
+    async def __anext__(self) -> bytes:
+        from websockets.exceptions import ConnectionClosed
+
+        try:
+            return await self.recv()
+        except ConnectionClosed:
+            raise StopAsyncIteration from None
+
+    async def send(self, message: bytes) -> None:
+        from websockets.exceptions import ConnectionClosed
+
+        with contextlib.suppress(ConnectionClosed):  # the room drops it when its recv ends
+            await self._ws.send(message)
+
+    async def recv(self) -> bytes:
+        return bytes(await self._ws.recv())
+
+
+async def serve_pycrdt(preload: list[tuple[str, bytes]]) -> None:
+    from pycrdt import Doc
+    from pycrdt.websocket import WebsocketServer, YRoom
+    from websockets.asyncio.server import serve
+
+    async with WebsocketServer(log=logging.getLogger("pycrdt-websocket")) as server:
+        for path, update in preload:
+            doc: Doc[Any] = Doc()
+            doc.apply_update(update)
+            room = YRoom(ready=True, ydoc=doc, log=server.log)
+            server.rooms[path] = room
+            await server.start_room(room)
+        server.auto_clean_rooms = not preload  # keep preloaded rooms when their clients leave
+
+        async def handler(ws: Any) -> None:
+            await server.serve(_Channel(ws))
+
+        async with serve(handler, "127.0.0.1", 0, compression=None, max_size=None) as ws_server:
+            port = ws_server.sockets[0].getsockname()[1]
+            print(f"PORT {port}", flush=True)
+            await _until_signal()
+
+
+async def serve_relay() -> None:
+    """The floor: relay each update frame to the other connections of the path with
+    ``websockets.broadcast`` (synchronous writes, no task per send, no document); a sync
+    step 1 is answered with an empty step 2."""
+    from websockets.asyncio.server import broadcast, serve
+    from websockets.exceptions import ConnectionClosed
+
+    empty_step2 = b"\x00\x01\x02\x00\x00"
+    rooms: dict[str, set[Any]] = {}
+
+    async def handler(ws: Any) -> None:
+        room = rooms.setdefault(ws.request.path, set())
+        room.add(ws)
+        try:
+            async for frame in ws:
+                if frame[:2] == b"\x00\x02":
+                    broadcast([c for c in room if c is not ws], frame)
+                elif frame[:2] == b"\x00\x00":
+                    await ws.send(empty_step2)
+        except ConnectionClosed:
+            pass
+        finally:
+            room.discard(ws)
+
+    async with serve(handler, "127.0.0.1", 0, compression=None, max_size=None) as ws_server:
+        port = ws_server.sockets[0].getsockname()[1]
+        print(f"PORT {port}", flush=True)
+        await _until_signal()
+
+
+async def _until_signal() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("kind", choices=["crdtstore", "pycrdt", "relay"])
+    ap.add_argument("--store", help="store URL (crdtstore)")
+    ap.add_argument("--preload", action="append", default=[], metavar="PATH=FILE")
+    ap.add_argument("--profile", metavar="FILE", help="write a cProfile of the process here")
+    ap.add_argument("--direct-send", action="store_true", help="crdtstore: see patch_direct_send")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    # CPU time, not wall time: on a loaded machine wall time would count preemption
+    profiler = cProfile.Profile(time.process_time) if args.profile else None
+    if profiler is not None:
+        profiler.enable()
+    try:
+        if args.kind == "crdtstore":
+            asyncio.run(serve_crdtstore(args.store, args.direct_send))
+        elif args.kind == "pycrdt":
+            rooms = []
+            for spec in args.preload:
+                path, _, file = spec.partition("=")
+                with open(file, "rb") as f:
+                    rooms.append((path, f.read()))
+            asyncio.run(serve_pycrdt(rooms))
+        else:
+            asyncio.run(serve_relay())
+    finally:
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(args.profile)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,644 @@
+"""The ``ws://`` store: a crdtstore journal backend served by a hub.
+
+::
+
+    async with crdtstore.open_store("ws://127.0.0.1:8765/acme", token=token) as store:
+        async with store.open_record("r1", "ignored") as rec:   # writes as the token's agent
+            await rec.map("notes").set("a", 1)
+            await rec.flush()                                   # the hub journaled it
+
+:class:`WsJournal` is registered for the ``ws`` and ``wss`` schemes in the
+``crdtstore.backends`` entry-point group; the URL names the hub and the tenant
+(``ws://host:port/<tenant>``) and ``token=`` is the access token (``crdtstore token``). The
+``Record`` code is the same as on SQLite: it tails the run's journal (``journal.read`` on the
+hub, with the hub's journal positions, so versions agree with every other writer) and appends
+its writes through the committer (``journal.append``, answered once the hub journaled them: so
+``await rec.flush()`` returns when the hub holds everything written so far). The hub derives
+what each entry did and attributes it to the token's agent and source (never to what the
+client says); a record on a ``ws://`` store takes the token's agent and source as its own.
+
+**One connection per run**, to ``ws://host:port/<tenant>/<run>?token=...`` with the
+subprotocol ``crdtstore``: the hub then sends it no Yjs sync or update frames (whose content
+may not be journaled yet), only a push when the run's journal head moves, which wakes the
+record's tail. Requests use the extension messages of :class:`ClientSession`.
+
+**Offline.** When the connection drops, it is re-opened with exponential backoff (up to
+``max_backoff`` seconds). Meanwhile writes go on locally and stay pending in the record's
+committer, whose appends wait for the connection (up to ``offline_timeout`` seconds, then
+fail with ``BackendError`` and are retried). After a reconnect the record re-reads the journal
+after the last position it applied: the resync is by journal position, which covers what a
+Yjs state-vector exchange would (every write, the record's and others', is in the journal). An
+append whose answer was lost is sent again; the hub does not journal it twice.
+
+**Guarded writes** (``expected_version``, ``based_on``, fenced writes and claims) are made on a
+scratch copy of the document and sent with their guard (``journal.append_guarded``); the hub
+checks the guard and journals them atomically. Refusals arrive as the same crdtstore errors as
+on SQLite (``StaleVersion`` with the current version and value, ``LeaseLost``, ...).
+
+**Final refusals**: a refused token (HTTP 401/403 at the upgrade), an unknown or closed run
+(close 4404/4410) or a token closed while connected (4401/4403) raise the typed error at the
+next call instead of reconnecting; a write through a read-only token fails with
+:class:`crdtstore.ReadOnlyAccess` (final: the record stops journaling, as for a closed run).
+
+Not supported through a hub (``UnsupportedOperation``): compaction and snapshots, deleting or
+closing runs, listing runs, nested runs, raw journal transactions (``authority``). Leases go
+to the hub (:class:`~sync._lease_rpc.RemoteLeases`) over the connection of a run this store
+has open.
+
+Works on asyncio and trio (``websockets``' implementation for each).
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Literal
+from urllib.parse import quote, unquote, urlsplit
+
+import anyio
+import sniffio
+from anyio.abc import TaskGroup
+from pycrdt import Doc
+from pydantic import JsonValue
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
+from websockets.typing import Subprotocol
+
+from crdtstore import (
+    BackendError,
+    CrdtStoreError,
+    InvalidValue,
+    ReadOnlyAccess,
+    RunClosed,
+    StoreClosed,
+    UnknownRun,
+    UnsupportedOperation,
+    UnsupportedURL,
+)
+from crdtstore._errors import error_from_dict
+from crdtstore._journal import (
+    Authority,
+    JournalBackend,
+    NewEntry,
+    Row,
+    RunRow,
+    SnapshotRow,
+)
+from crdtstore._leases import LeaseBackend
+from crdtstore._names import check_name
+
+from ._document import PycrdtDocument
+from ._errors import CloseCode, ProtocolError
+from ._lease_rpc import RemoteLeases, error_from_info
+from ._messages import DEFAULT_MAX_MESSAGE_SIZE, Push, Response
+from ._session import ClientSession
+from ._tokens import Forbidden, TokenInvalid
+
+__all__ = ["WsJournal"]
+
+log = logging.getLogger("sync.client")
+
+SUBPROTOCOL = "crdtstore"
+_APPEND_BYTES = 4 * 1024 * 1024  # update bytes per journal.append request
+_FINAL_CLOSES = {
+    CloseCode.UNAUTHORIZED,
+    CloseCode.FORBIDDEN,
+    CloseCode.UNKNOWN_RUN,
+    CloseCode.RUN_CLOSED,
+}
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _row(item: Any) -> Row:
+    try:
+        seq, agent, source, client_id, wall, update, effect, crc, origin = item
+        return Row(
+            int(seq),
+            str(agent),
+            str(source),
+            int(client_id),
+            float(wall),
+            base64.b64decode(update),
+            list(effect),
+            int(crc),
+            str(origin),
+        )
+    except (TypeError, ValueError) as exc:
+        raise BackendError("ws", f"malformed journal row from the hub: {exc}") from None
+
+
+def _run_row(item: Any) -> RunRow:
+    if not isinstance(item, dict):
+        raise BackendError("ws", f"malformed run from the hub: {item!r}")
+    try:
+        return RunRow(**item)
+    except TypeError as exc:
+        raise BackendError("ws", f"malformed run from the hub: {exc}") from None
+
+
+class _ConnectionLost(BackendError):
+    """The connection dropped before the answer came (the request may have been done)."""
+
+
+class _Waiter:
+    __slots__ = ("event", "response")
+
+    def __init__(self) -> None:
+        self.event = anyio.Event()
+        self.response: Response | None = None
+
+
+class _Link:
+    """The connection of one run: kept open (reconnecting with backoff) until closed."""
+
+    def __init__(self, journal: WsJournal, run: str) -> None:
+        self.journal = journal
+        self.run = run
+        self.url = (
+            f"{journal.base}/{quote(journal.tenant, safe='')}/{quote(run, safe='')}"
+            f"?token={quote(journal.token, safe='')}"
+        )
+        self.ws: Any = None
+        self.session: ClientSession | None = None
+        self.up = anyio.Event()  # set while connected; replaced when the connection drops
+        self.changed = anyio.Event()  # fired on every connect, drop and final refusal
+        self.final: CrdtStoreError | None = None
+        self.waiters: dict[int | str, _Waiter] = {}
+        self.identity: tuple[str, str] | None = None
+        self.connects = 0
+
+    def _fire(self) -> None:
+        old, self.changed = self.changed, anyio.Event()
+        old.set()
+
+    def _connect(self) -> AbstractAsyncContextManager[Any]:
+        kwargs: dict[str, Any] = {
+            "subprotocols": [Subprotocol(SUBPROTOCOL)],
+            "compression": None,
+            "open_timeout": self.journal.connect_timeout,
+            "close_timeout": 1.0,
+            "max_size": 2 * DEFAULT_MAX_MESSAGE_SIZE,
+            "proxy": None,
+        }
+        if sniffio.current_async_library() == "trio":
+            from websockets.trio.client import connect as trio_connect
+
+            return trio_connect(self.url, **kwargs)
+        from websockets.asyncio.client import connect as asyncio_connect
+
+        return asyncio_connect(self.url, **kwargs)
+
+    def _refused(self, exc: InvalidStatus) -> CrdtStoreError:
+        status = exc.response.status_code
+        body = exc.response.body.decode(errors="replace").strip() if exc.response.body else ""
+        code, _, reason = body.partition(": ")
+        if status in (401, 403):
+            if code.isupper():  # the hub's "CODE: reason"
+                return error_from_dict({"code": code, "message": reason or body})
+            return TokenInvalid(body) if status == 401 else Forbidden(body)
+        return BackendError("ws", f"the hub refused the connection: HTTP {status} {body}")
+
+    def _closed_error(self, code: int, reason: str) -> CrdtStoreError:
+        tenant = self.journal.tenant
+        if code == CloseCode.UNKNOWN_RUN:
+            return UnknownRun(tenant, self.run)
+        if code == CloseCode.RUN_CLOSED:
+            return RunClosed(tenant, self.run, "closed")
+        name, _, _ = reason.partition(":")
+        return error_from_dict({"code": name or "TOKEN_INVALID", "message": reason})
+
+    async def serve(self) -> None:
+        """Keep the connection open until cancelled, or until a final refusal."""
+        backoff = self.journal.min_backoff
+        while True:
+            connected = False
+            try:
+                async with self._connect() as ws:
+                    connected = True
+                    try:
+                        await self._session(ws)
+                    finally:  # also when the store closes: do not leak the socket
+                        with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
+                            close = getattr(ws, "aclose", None) or ws.close  # trio: aclose
+                            await close()
+            except InvalidStatus as exc:
+                if exc.response.status_code in (400, 401, 403, 404):
+                    self.final = self._refused(exc)
+                    log.warning("ws %s/%s: %s", self.journal.tenant, self.run, self.final)
+            except (OSError, InvalidHandshake, TimeoutError, ConnectionClosed) as exc:
+                log.debug("ws %s/%s: connection failed: %s", self.journal.tenant, self.run, exc)
+            finally:
+                self._down()
+            if self.final is not None:
+                return
+            backoff = self.journal.min_backoff if connected else backoff * 2
+            backoff = min(backoff, self.journal.max_backoff)
+            await anyio.sleep(backoff)
+
+    async def _session(self, ws: Any) -> None:
+        self.session = ClientSession(PycrdtDocument(Doc()))
+        self.ws = ws
+        self.connects += 1
+        self.up.set()
+        self._fire()
+        self.journal._wake_run(self.run)  # resync: the tail re-reads after what it applied
+        try:
+            while True:
+                frame = await ws.recv()
+                if isinstance(frame, str):
+                    raise ProtocolError("the hub sent a text frame")
+                received = self.session.receive(frame)
+                message = received.message
+                if isinstance(message, Response):
+                    waiter = self.waiters.pop(message.id, None)
+                    if waiter is not None:
+                        waiter.response = message
+                        waiter.event.set()
+                elif isinstance(message, Push) and message.push == "head":
+                    self.journal._wake_run(self.run)
+        except ConnectionClosed as exc:
+            rcvd = exc.rcvd
+            if rcvd is not None and rcvd.code in _FINAL_CLOSES:
+                self.final = self._closed_error(rcvd.code, rcvd.reason)
+                log.warning("ws %s/%s: %s", self.journal.tenant, self.run, self.final)
+            else:
+                log.info("ws %s/%s: connection lost (%s)", self.journal.tenant, self.run, exc)
+        except ProtocolError as exc:
+            log.warning("ws %s/%s: %s; reconnecting", self.journal.tenant, self.run, exc)
+
+    def _down(self) -> None:
+        self.ws = None
+        self.session = None
+        self.up = anyio.Event()
+        waiters, self.waiters = self.waiters, {}
+        for waiter in waiters.values():
+            waiter.event.set()  # with no response: the connection was lost
+        self._fire()
+
+    async def ready(self, timeout: float) -> None:  # noqa: ASYNC109 - then BackendError
+        """Wait until connected; raise the final refusal, or BackendError after ``timeout``."""
+        with anyio.move_on_after(timeout):
+            while self.ws is None:
+                if self.final is not None:
+                    raise self.final
+                await self.changed.wait()
+            return
+        if self.final is not None:
+            raise self.final
+        raise BackendError("ws", f"the hub at {self.journal.base} is unreachable ({timeout:g} s)")
+
+    async def call(
+        self,
+        op: str,
+        params: dict[str, JsonValue],
+        timeout: float,  # noqa: ASYNC109 - for the connection only, then BackendError
+    ) -> JsonValue:
+        await self.ready(timeout)
+        ws, session = self.ws, self.session
+        assert ws is not None
+        assert session is not None
+        try:
+            request, frame = session.request(op, dict(params))
+        except ProtocolError as exc:
+            raise BackendError("ws", str(exc)) from None
+        waiter = self.waiters[request.id] = _Waiter()
+        try:
+            await ws.send(frame)
+        except ConnectionClosed:
+            self.waiters.pop(request.id, None)
+        else:
+            await waiter.event.wait()
+        response = waiter.response
+        if response is None:
+            with anyio.move_on_after(self.journal.connect_timeout):
+                while self.ws is ws:  # let the reader see the close code: final or not
+                    await self.changed.wait()
+            if self.final is not None:
+                raise self.final
+            raise _ConnectionLost("ws", f"connection to the hub lost during {op}")
+        if response.error is not None:
+            if response.error.code == ReadOnlyAccess.code:  # the hub's dispatch says only that
+                raise ReadOnlyAccess(self.journal.tenant, self.run)
+            raise error_from_info(response.error)
+        return response.result
+
+
+class WsJournal(JournalBackend):
+    """The journals of one tenant, served by the hub at ``url`` (``ws[s]://host:port/<tenant>``).
+
+    Args:
+        url: the hub and the tenant.
+        token: the access token (required); its agent and source write every entry.
+        connect_timeout: seconds to wait for the first connection of a run on opening it.
+        offline_timeout: seconds a request waits for the connection to come back before it
+            fails with ``BackendError`` (the record's committer then retries its appends).
+        min_backoff, max_backoff: reconnect delays (doubling from the first to the second).
+
+    Raises:
+        UnsupportedURL: not ``ws[s]://host[:port]/<tenant>``.
+        InvalidValue: no token, or a bad option.
+    """
+
+    name = "ws"
+    remote = True
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str | None = None,
+        connect_timeout: float = 10.0,
+        offline_timeout: float = 30.0,
+        min_backoff: float = 0.05,
+        max_backoff: float = 2.0,
+    ) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("ws", "wss") or not parts.netloc:
+            raise UnsupportedURL(url, "expected ws://host:port/<tenant> (or wss://)")
+        segments = [s for s in parts.path.split("/") if s]
+        if len(segments) != 1 or parts.query or parts.fragment:
+            raise UnsupportedURL(url, "expected ws://host:port/<tenant>: one path segment")
+        self.tenant = check_name("tenant", unquote(segments[0]))
+        if not isinstance(token, str) or not token:
+            raise InvalidValue("a ws:// store needs token=... (see `crdtstore token`)")
+        for what, value in (
+            ("connect_timeout", connect_timeout),
+            ("offline_timeout", offline_timeout),
+            ("min_backoff", min_backoff),
+            ("max_backoff", max_backoff),
+        ):
+            if not (isinstance(value, int | float) and value > 0):
+                raise InvalidValue(f"{what} must be > 0 seconds, not {value!r}")
+        self.url = url
+        self.base = f"{parts.scheme}://{parts.netloc}"
+        self.token = token
+        self.connect_timeout = float(connect_timeout)
+        self.offline_timeout = float(offline_timeout)
+        self.min_backoff = float(min_backoff)
+        self.max_backoff = float(max(max_backoff, min_backoff))
+        self._links: dict[str, _Link] = {}
+        self._tg: TaskGroup | None = None
+        self._wake: Callable[[str, str], None] | None = None
+        self._state: Literal["new", "open", "closed"] = "new"
+
+    def __repr__(self) -> str:
+        return f"<WsJournal {self.base}/{self.tenant}>"
+
+    # -- lifecycle and wiring ---------------------------------------------------------------
+
+    def bind(self, wake: Callable[[str, str], None]) -> None:
+        self._wake = wake
+
+    def _wake_run(self, run: str) -> None:
+        if self._wake is not None:
+            self._wake(self.tenant, run)
+
+    async def open(self) -> None:
+        if self._state != "new":
+            raise StoreClosed("ws journal")
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        self._state = "open"
+
+    async def aclose(self) -> None:
+        if self._state != "open":
+            self._state = "closed"
+            return
+        self._state = "closed"
+        assert self._tg is not None
+        self._tg.cancel_scope.cancel()
+        await self._tg.__aexit__(None, None, None)
+
+    async def _link(self, tenant: str, run: str) -> _Link:
+        if self._state != "open":
+            raise StoreClosed("ws journal")
+        if tenant != self.tenant:
+            raise InvalidValue(f"this ws:// store serves tenant {self.tenant!r}, not {tenant!r}")
+        link = self._links.get(run)
+        if link is None:
+            link = self._links[run] = _Link(self, run)
+            assert self._tg is not None
+            self._tg.start_soon(link.serve)
+        return link
+
+    async def call(
+        self, run: str, op: str, params: dict[str, JsonValue] | None = None
+    ) -> JsonValue:
+        """The result of the hub's op ``op`` on ``run``'s connection, or its error raised."""
+        link = await self._link(self.tenant, run)
+        return await link.call(op, params or {}, self.offline_timeout)
+
+    async def _leases_call(self, op: str, params: dict[str, JsonValue]) -> JsonValue:
+        # leases belong to the tenant: any open run's connection carries them
+        for run in self._links:
+            return await self.call(run, op, params)
+        raise UnsupportedOperation("ws", "leases", "open a record first: they use its connection")
+
+    def lease_backend(self) -> LeaseBackend:
+        """The hub's leases, over the connection of a run this store has open."""
+        return RemoteLeases(self._leases_call)
+
+    async def identity(self, tenant: str, run: str) -> tuple[str, str]:
+        link = await self._link(tenant, run)
+        if link.identity is None:
+            claims = await link.call("whoami", {}, self.connect_timeout)
+            if not isinstance(claims, dict):
+                raise BackendError("ws", f"malformed whoami answer {claims!r}")
+            link.identity = (str(claims.get("agent")), str(claims.get("source", "model")))
+        return link.identity
+
+    # -- runs -------------------------------------------------------------------------------
+
+    async def ensure_run(
+        self, tenant: str, run: str, *, create: bool, parent: str | None = None
+    ) -> RunRow:
+        if parent is not None:
+            raise UnsupportedOperation("ws", "nested runs")
+        link = await self._link(tenant, run)
+        await link.ready(self.connect_timeout)
+        return _run_row(await link.call("run.ensure", {"create": create}, self.connect_timeout))
+
+    async def get_run(self, tenant: str, run: str) -> RunRow | None:
+        await self._link(tenant, run)
+        got = await self.call(run, "run.info")
+        return None if got is None else _run_row(got)
+
+    async def set_run(
+        self,
+        tenant: str,
+        run: str,
+        *,
+        state: str | None = None,
+        delete_after: float | Literal["keep"] | None = "keep",
+    ) -> RunRow:
+        raise UnsupportedOperation("ws", "closing runs and retention", "ask the hub's operator")
+
+    async def list_runs(self, tenant: str) -> list[RunRow]:
+        raise UnsupportedOperation("ws", "listing runs", "a token reaches its own run only")
+
+    async def delete_run(self, tenant: str, run: str) -> bool:
+        raise UnsupportedOperation("ws", "deleting runs", "ask the hub's operator")
+
+    # -- journal ----------------------------------------------------------------------------
+
+    async def append(
+        self, tenant: str, run: str, entries: Sequence[NewEntry], *, durable: bool
+    ) -> list[int]:
+        await self._link(tenant, run)
+        seqs: list[int] = []
+        chunk: list[JsonValue] = []
+        size = 0
+        for entry in entries:
+            if chunk and size + len(entry.update) > _APPEND_BYTES:
+                seqs.extend(await self._append_chunk(run, chunk, durable))
+                chunk, size = [], 0
+            chunk.append({"update": _b64(entry.update), "client_id": entry.client_id})
+            size += len(entry.update)
+        if chunk:
+            seqs.extend(await self._append_chunk(run, chunk, durable))
+        return seqs
+
+    async def _append_chunk(self, run: str, chunk: list[JsonValue], durable: bool) -> list[int]:
+        # A lost connection is waited out (up to offline_timeout) and the append sent again:
+        # the hub does not journal twice what it already holds, and the record's writers see
+        # no failure for a hub restart.
+        link = await self._link(self.tenant, run)
+        deadline = anyio.current_time() + self.offline_timeout
+        while True:
+            try:
+                got = await link.call(
+                    "journal.append",
+                    {"entries": chunk, "durable": durable},
+                    max(0.0, deadline - anyio.current_time()),
+                )
+                break
+            except _ConnectionLost:
+                if anyio.current_time() >= deadline:
+                    raise
+        if not isinstance(got, list) or len(got) != len(chunk):
+            raise BackendError("ws", f"malformed journal.append answer {got!r}")
+        return [int(s) for s in got]  # type: ignore[arg-type]
+
+    async def append_guarded(
+        self,
+        tenant: str,
+        run: str,
+        entry: NewEntry,
+        *,
+        expected: tuple[str, str, int] | None = None,
+        based_on: tuple[str, int] | None = None,
+        fence: tuple[str, int, str] | None = None,
+    ) -> int:
+        """Send a guarded entry: the hub checks the guards and journals it atomically (see
+        ``Record._write_guarded_remote``); its journal position, or the guard's error."""
+        await self._link(tenant, run)
+        params: dict[str, JsonValue] = {
+            "entry": {"update": _b64(entry.update), "client_id": entry.client_id}
+        }
+        if expected is not None:
+            params["expected"] = list(expected)
+        if based_on is not None:
+            params["based_on"] = list(based_on)
+        if fence is not None:
+            params["fence"] = list(fence)
+        got = await self.call(run, "journal.append_guarded", params)
+        if type(got) is not int:
+            raise BackendError("ws", f"malformed journal.append_guarded answer {got!r}")
+        return got
+
+    async def read(
+        self, tenant: str, run: str, after: int, limit: int = 10_000, *, skip_client: int = -1
+    ) -> list[Row]:
+        await self._link(tenant, run)
+        out: list[Row] = []
+        while len(out) < limit:
+            params: dict[str, JsonValue] = {
+                "after": out[-1].seq if out else after,
+                "limit": limit - len(out),
+                "skip_client": skip_client,
+            }
+            got = await self.call(run, "journal.read", params)
+            if not isinstance(got, dict) or not isinstance(got.get("rows"), list):
+                raise BackendError("ws", "malformed journal.read answer")
+            rows = got["rows"]
+            assert isinstance(rows, list)
+            out.extend(_row(r) for r in rows)
+            if not rows or got.get("more") is not True:
+                break
+        return out
+
+    async def head(self, tenant: str, run: str) -> int:
+        await self._link(tenant, run)
+        got = await self.call(run, "journal.head")
+        if type(got) is not int:
+            raise BackendError("ws", f"malformed journal.head answer {got!r}")
+        return got
+
+    async def load_snapshot(self, tenant: str, run: str) -> SnapshotRow | None:
+        await self._link(tenant, run)
+        got = await self.call(run, "journal.snapshot")
+        if got is None:
+            return None
+        if not isinstance(got, dict):
+            raise BackendError("ws", "malformed journal.snapshot answer")
+        try:
+            return SnapshotRow(
+                int(got["seq"]),  # type: ignore[arg-type]
+                base64.b64decode(str(got["update"])),
+                dict(got["state"]),  # type: ignore[arg-type]
+                float(got["created"]),  # type: ignore[arg-type]
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BackendError("ws", f"malformed journal.snapshot answer: {exc}") from None
+
+    async def save_snapshot(
+        self, tenant: str, run: str, snapshot: SnapshotRow, *, drop_journal: bool
+    ) -> None:
+        raise UnsupportedOperation("ws", "compaction", "compact on the hub's store")
+
+    async def history(self, tenant: str, run: str, collection: str, key: str) -> list[Row]:
+        await self._link(tenant, run)
+        got = await self.call(run, "journal.history", {"collection": collection, "key": key})
+        if not isinstance(got, list):
+            raise BackendError("ws", "malformed journal.history answer")
+        return [_row(r) for r in got]
+
+    # -- config -----------------------------------------------------------------------------
+
+    async def get_config(self, tenant: str, run: str) -> dict[str, Any]:
+        await self._link(tenant, run)
+        got = await self.call(run, "config.get")
+        if not isinstance(got, dict):
+            raise BackendError("ws", "malformed config.get answer")
+        return dict(got)
+
+    async def update_config(
+        self, tenant: str, run: str, update: Callable[[dict[str, Any]], dict[str, Any]]
+    ) -> dict[str, Any]:
+        """Compare-and-set on the hub (a function cannot travel): read, apply ``update``,
+        put it if the config is still what was read, else start again."""
+        from crdtstore import StaleVersion
+
+        while True:
+            current = await self.get_config(tenant, run)
+            new = update(dict(current))
+            if new == current:
+                return current
+            try:
+                got = await self.call(run, "config.put", {"expected": current, "new": new})
+            except StaleVersion:
+                continue
+            if not isinstance(got, dict):
+                raise BackendError("ws", "malformed config.put answer")
+            return dict(got)
+
+    def authority(
+        self, tenant: str, run: str, *, durable: bool
+    ) -> AbstractAsyncContextManager[Authority]:
+        raise UnsupportedOperation(
+            "ws", "journal transactions", "guarded writes are sent to the hub instead"
+        )

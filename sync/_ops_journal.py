@@ -1,0 +1,315 @@
+"""Journal ops of the hub: what the ``ws://`` client backend (:mod:`sync._client`) asks for.
+
+A crdtstore client (a connection that chose the ``crdtstore`` subprotocol) does not take part
+in the Yjs sync exchange: its record tails the run's journal through ``journal.read``, with
+the hub's journal positions, so versions agree everywhere, and it writes through
+``journal.append``. The hub tells it when the journal head moves (:func:`push_heads`), and
+sends it no Yjs updates (their content may not be journaled yet).
+
+Every op acts on the connection's run only. Bytes travel base64 (standard alphabet) in the
+JSON. Params and results::
+
+    run.ensure       {create: bool}                      -> run       (UNKNOWN_RUN)
+    run.info         {}                                  -> run | null
+    journal.head     {}                                  -> int
+    journal.read     {after: int, limit?: int, skip_client?: int} -> {rows: [row, ...], more: bool}
+    journal.history  {collection: str, key: str}         -> [row, ...]
+    journal.snapshot {}                                  -> {seq, update, state, created} | null
+    config.get       {}                                  -> config
+    config.put       {expected: config, new: config}     -> config    (write; STALE_VERSION)
+    journal.append   {entries: [{update, client_id}, ...], durable?: bool}
+                                                         -> [seq, ...]      (write)
+    journal.append_guarded {entry: {update, client_id},
+                            expected?: [collection, key, version],
+                            based_on?: [scope, seq],
+                            fence?: [lease_id, token, resource]} -> seq        (write)
+
+    run = {tenant, run, created, head, snapshot_seq, parent, state, delete_after}
+    row = [seq, agent, source, client_id, wall_time, update, effect, checksum, origin]
+
+**Appends are untrusted.** The hub applies each entry's update to the run's record itself, as
+the token's agent and source, derives the effect, enforces the run's policies and budgets
+and journals it (``Record._append_external``); the client's say-so about who wrote it, when,
+or what it did is never taken. ``client_id`` is a label only: it lets the writer skip its own
+entries when it tails the journal (a client lying about it can only hide entries from the
+client it names, which Yjs's unauthenticated client ids allow anyway). An append whose answer
+was lost may be sent again: bytes the record already holds, journaled recently by the same
+client id, are not journaled twice (the position of the entry holding them is answered).
+
+``config.put`` may only add collection declarations (the first declaration of a name wins):
+every other key, and every existing declaration, must stay as it is; anything else is
+refused with ``POLICY_VIOLATION`` (a client must not lift the run's policies).
+
+``journal.append``'s ``durable`` (default true) is the client record's durability: false
+commits without waiting for the disk (SQLite ``synchronous=NORMAL``), as an embedded
+``batched`` record's group commit does; a guarded append is always durable.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+import anyio
+from pydantic import JsonValue
+
+from crdtstore import InvalidValue, PolicyViolation, StaleVersion
+from crdtstore._journal import Row, RunRow
+
+from ._messages import Push, Update, encode
+from ._ops import OpContext, op
+
+if TYPE_CHECKING:
+    from ._hub import _Conn
+
+__all__ = ["push_heads", "row_to_json"]
+
+MAX_READ = 1000
+MAX_READ_BYTES = 4 * 1024 * 1024
+HEAD_POLL = 1.0  # seconds between head checks when no wake-up arrives
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def unb64(text: object, what: str) -> bytes:
+    if not isinstance(text, str):
+        raise InvalidValue(f"{what} must be a base64 string")
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidValue(f"{what} is not valid base64") from None
+
+
+def _int(params: dict[str, JsonValue], name: str, default: int | None = None) -> int:
+    value = params.get(name, default)
+    if type(value) is not int or value < -1:
+        raise InvalidValue(f"{name} must be an int, not {value!r}")
+    return value
+
+
+def row_to_json(row: Row) -> list[JsonValue]:
+    return [
+        row.seq,
+        row.agent,
+        row.source,
+        row.client_id,
+        row.wall_time,
+        b64(row.update),
+        cast(JsonValue, row.effect),
+        row.checksum,
+        row.origin,
+    ]
+
+
+def _run_json(row: RunRow | None) -> JsonValue:
+    return None if row is None else dict(row._asdict())
+
+
+@op("run.ensure")
+async def _run_ensure(ctx: OpContext, params: dict[str, JsonValue]) -> JsonValue:
+    create = params.get("create", False) is True and not ctx.claims.read_only
+    backend = ctx.store.backend
+    return _run_json(await backend.ensure_run(ctx.tenant, ctx.run, create=create))
+
+
+@op("run.info")
+async def _run_info(ctx: OpContext, params: dict[str, JsonValue]) -> JsonValue:
+    return _run_json(await ctx.store.backend.get_run(ctx.tenant, ctx.run))
+
+
+@op("journal.head")
+async def _head(ctx: OpContext, params: dict[str, JsonValue]) -> JsonValue:
+    return await ctx.store.backend.head(ctx.tenant, ctx.run)
+
+
+@op("journal.read")
+async def _read(ctx: OpContext, params: dict[str, JsonValue]) -> JsonValue:
+    after = _int(params, "after", 0)
+    limit = max(1, min(_int(params, "limit", MAX_READ), MAX_READ))
+    skip = _int(params, "skip_client", -1)
+    rows = await ctx.store.backend.read(ctx.tenant, ctx.run, after, limit, skip_client=skip)
+    out: list[JsonValue] = []
+    size = 0
+    more = len(rows) == limit
+    for row in rows:  # bounded answer: the client asks again from the last position
+        if out and size + len(row.update) > MAX_READ_BYTES:
+            more = True
+            break
+        size += len(row.update)
+        out.append(row_to_json(row))
+    return {"rows": out, "more": more}
+
+
+@op("journal.history")
+async def _history(ctx: OpContext, params: dict[str, JsonValue]) -> JsonValue:
+    collection, key = params.get("collection"), params.get("key")
+    if not isinstance(collection, str) or not isinstance(key, str):
+        raise InvalidValue("collection and key must be strings")
+    rows = await ctx.store.backend.history(ctx.tenant, ctx.run, collection, key)
+    return [row_to_json(r) for r in rows]
+
+
+@op("journal.snapshot")
+async def _snapshot(ctx: OpContext, params: dict[str, JsonValue]) -> JsonValue:
+    snap = await ctx.store.backend.load_snapshot(ctx.tenant, ctx.run)
+    if snap is None:
+        return None
+    return {
+        "seq": snap.seq,
+        "update": b64(snap.update),
+        "state": snap.state,
+        "created": snap.created,
+    }
+
+
+@op("config.get")
+async def _config_get(ctx: OpContext, params: dict[str, JsonValue]) -> JsonValue:
+    config: JsonValue = await ctx.store.backend.get_config(ctx.tenant, ctx.run)
+    return config
+
+
+@op("config.put", write=True)
+async def _config_put(ctx: OpContext, params: dict[str, JsonValue]) -> JsonValue:
+    expected, new = params.get("expected"), params.get("new")
+    if not isinstance(expected, dict) or not isinstance(new, dict):
+        raise InvalidValue("expected and new must be objects")
+    _check_only_adds(ctx.claims.agent, expected, new)
+
+    def swap(current: dict[str, Any]) -> dict[str, Any]:
+        if current != expected:
+            raise StaleVersion("config", None, "the config the client read", "another")
+        return dict(new)
+
+    config: JsonValue = await ctx.store.backend.update_config(ctx.tenant, ctx.run, swap)
+    return config
+
+
+def _check_only_adds(agent: str, old: dict[str, Any], new: dict[str, Any]) -> None:
+    def refuse(reason: str) -> PolicyViolation:
+        return PolicyViolation("config", agent, "config", None, reason)
+
+    if {k: v for k, v in old.items() if k != "collections"} != {
+        k: v for k, v in new.items() if k != "collections"
+    }:
+        raise refuse("a client may only add collection declarations")
+    old_cols, new_cols = old.get("collections", {}), new.get("collections", {})
+    if not isinstance(old_cols, dict) or not isinstance(new_cols, dict):
+        raise InvalidValue("collections must be an object")
+    for name, decl in old_cols.items():
+        if new_cols.get(name) != decl:
+            raise refuse(f"the declaration of {name!r} cannot change")
+
+
+def _entry(value: JsonValue) -> tuple[bytes, int]:
+    if not isinstance(value, dict):
+        raise InvalidValue("an entry is an object {update, client_id}")
+    client_id = value.get("client_id")
+    if type(client_id) is not int or client_id < 0:
+        raise InvalidValue(f"client_id must be an int >= 0, not {client_id!r}")
+    return unb64(value.get("update"), "update"), client_id
+
+
+async def _append(
+    ctx: OpContext, updates: list[bytes], client_id: int, **guards: Any
+) -> list[int]:
+    """Journal client entries as the token's agent (one transaction); send what the hub's
+    record took in to the plain Yjs connections of the run."""
+    from ._hub import _CURRENT
+
+    rec = ctx.rec
+    before = rec.applied_seq
+    token = _CURRENT.set(ctx.conn)
+    try:
+        seqs = await rec._append_externals(updates, client_id=client_id, **guards)
+    finally:
+        _CURRENT.reset(token)
+    room = ctx.conn.room
+    if rec.applied_seq > before:
+        # entries of other processes that the append applied first, with the connection's
+        # identity set: the room did not broadcast them (it does so outside of a connection)
+        rows = await ctx.store.backend.read(ctx.tenant, ctx.run, before, rec.applied_seq - before)
+        own = rec.replica.client_id
+        for row in rows:
+            if row.client_id != own and row.seq <= rec.applied_seq:
+                room.broadcast(encode(Update(row.update)))
+    for update in updates:
+        room.broadcast(encode(Update(update)), exclude=ctx.conn)
+    return seqs
+
+
+@op("journal.append", write=True)
+async def _journal_append(ctx: OpContext, params: dict[str, JsonValue]) -> JsonValue:
+    entries = params.get("entries")
+    if not isinstance(entries, list):
+        raise InvalidValue("entries must be a list")
+    durable = params.get("durable", True)
+    if not isinstance(durable, bool):
+        raise InvalidValue("durable must be a bool")
+    parsed = [_entry(e) for e in entries]
+    seqs: list[JsonValue] = []
+    start = 0
+    while start < len(parsed):  # one transaction per run of entries of one client id
+        end = start + 1
+        while end < len(parsed) and parsed[end][1] == parsed[start][1]:
+            end += 1
+        updates = [u for u, _ in parsed[start:end]]
+        seqs.extend(await _append(ctx, updates, parsed[start][1], durable=durable))
+        start = end
+    return seqs
+
+
+def _triple(value: JsonValue, what: str, types: Sequence[type]) -> tuple[Any, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) != len(types):
+        raise InvalidValue(f"{what} must be a list of {len(types)} items")
+    for item, t in zip(value, types, strict=True):
+        if type(item) is not t:
+            raise InvalidValue(f"{what}: {item!r} is not a {t.__name__}")
+    return tuple(value)
+
+
+@op("journal.append_guarded", write=True)
+async def _journal_append_guarded(ctx: OpContext, params: dict[str, JsonValue]) -> JsonValue:
+    update, client_id = _entry(params.get("entry"))
+    (seq,) = await _append(
+        ctx,
+        [update],
+        client_id,
+        expected=_triple(params.get("expected"), "expected", (str, str, int)),
+        based_on=_triple(params.get("based_on"), "based_on", (str, int)),
+        fence=_triple(params.get("fence"), "fence", (str, int, str)),
+    )
+    return seq
+
+
+async def push_heads(conn: _Conn) -> None:
+    """Send ``conn`` (a crdtstore client) a :class:`Push` whenever its run's journal grows,
+    until cancelled: on every wake-up of the store's notifier (this process's commits and,
+    on SQLite, other processes'), and when a slow poll of the journal head finds it moved
+    (in case a wake-up was lost). ``seq`` is the highest position the hub knows of; the
+    client reads from where it is, so an early or repeated push costs one read."""
+    rec = conn.room.rec
+    assert rec is not None
+    store, tenant, run = rec._store, conn.room.tenant, conn.room.run
+    watch = store._notifier.watch(tenant, run)
+    last = -1
+    try:
+        while True:
+            event = watch.event
+            with anyio.move_on_after(HEAD_POLL) as poll:
+                await event.wait()
+            if poll.cancelled_caught:  # no wake-up for a while: ask the journal itself
+                head = await store.backend.head(tenant, run)
+                if head == last:
+                    continue
+            else:  # a commit here or a wake-up from another process
+                head = max(rec.applied_seq, rec.replica.head, last)
+            conn.send(encode(Push(push="head", seq=head)))
+            last = head
+    finally:
+        store._notifier.unwatch(tenant, run)
