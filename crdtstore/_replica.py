@@ -193,8 +193,8 @@ class _EntryTable:
     """Provenance of journaled entries, by journal position, in parallel arrays.
 
     One row per entry that is still the provenance of some key: 8 bytes of position, 8 of wall
-    time and a pointer to a shared ``(agent, source, run)`` tuple, instead of a tuple, a float
-    and an int object per key (100k keys: about 2.4 MiB instead of 14). Rows are kept sorted
+    time and a pointer to a shared ``(agent, source, run)`` tuple, instead of a ``Meta`` tuple
+    and its float per key (100k keys: about 2.4 MiB instead of 11). Rows are kept sorted
     by position (entries arrive in journal order but for the odd local commit that lands
     after a later remote entry was applied); rows no key points at any more are dropped when
     the table has grown to twice what was live at the last sweep.

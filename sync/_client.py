@@ -41,7 +41,8 @@ next call instead of reconnecting; a write through a read-only token fails with
 :class:`crdtstore.ReadOnlyAccess` (final: the record stops journaling, as for a closed run).
 
 Not supported through a hub (``UnsupportedOperation``): compaction and snapshots, deleting or
-closing runs, listing runs, nested runs, raw journal transactions (``authority``). Leases go
+closing runs, nested runs, raw journal transactions (``authority``); ``store.runs()`` lists
+only the runs this store has opened. Leases go
 to the hub (:class:`~sync._lease_rpc.RemoteLeases`) over the connection of a run this store
 has open.
 
@@ -478,7 +479,9 @@ class WsJournal(JournalBackend):
         raise UnsupportedOperation("ws", "closing runs and retention", "ask the hub's operator")
 
     async def list_runs(self, tenant: str) -> list[RunRow]:
-        raise UnsupportedOperation("ws", "listing runs", "a token reaches its own run only")
+        """The runs this store has a connection to (a token reaches its own runs only)."""
+        rows = [await self.get_run(tenant, run) for run in list(self._links)]
+        return sorted((r for r in rows if r is not None), key=lambda r: r.created)
 
     async def delete_run(self, tenant: str, run: str) -> bool:
         raise UnsupportedOperation("ws", "deleting runs", "ask the hub's operator")
