@@ -991,7 +991,7 @@ class Record:
         self.replica.journaled(ops, meta, seq)
         self._committed += 1
         self._fire_commit()
-        self._store._notifier.notify(self.tenant, self._jrun)
+        self._store._notifier.notify(self.tenant, self._jrun, seq)
 
     def _version_with(
         self,
@@ -1126,7 +1126,7 @@ class Record:
         self.replica.journaled_many(batch, seqs)
         self._committed += len(batch)
         self._fire_commit()
-        self._store._notifier.notify(self.tenant, self._jrun)
+        self._store._notifier.notify(self.tenant, self._jrun, seqs[-1] if seqs else None)
 
     def _fire_commit(self) -> None:
         old, self._commit_event = self._commit_event, anyio.Event()

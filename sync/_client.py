@@ -42,9 +42,8 @@ next call instead of reconnecting; a write through a read-only token fails with
 
 Not supported through a hub (``UnsupportedOperation``): compaction and snapshots, deleting or
 closing runs, nested runs, raw journal transactions (``authority``); ``store.runs()`` lists
-only the runs this store has opened. Leases go
-to the hub (:class:`~sync._lease_rpc.RemoteLeases`) over the connection of a run this store
-has open.
+only the runs this store has opened. Leases go to the hub
+(:class:`~sync._lease_rpc.RemoteLeases`) over the connection of a run this store has open.
 
 Works on asyncio and trio (``websockets``' implementation for each).
 """

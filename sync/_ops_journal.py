@@ -213,9 +213,7 @@ def _entry(value: JsonValue) -> tuple[bytes, int]:
     return unb64(value.get("update"), "update"), client_id
 
 
-async def _append(
-    ctx: OpContext, updates: list[bytes], client_id: int, **guards: Any
-) -> list[int]:
+async def _append(ctx: OpContext, updates: list[bytes], client_id: int, **guards: Any) -> list[int]:
     """Journal client entries as the token's agent (one transaction); send what the hub's
     record took in to the plain Yjs connections of the run."""
     from ._hub import _CURRENT
