@@ -2,7 +2,7 @@
 and the time for a new client to join a run holding a 10 MB record.
 
     python bench/hub.py                  # 1,500 updates at 100/s per trial, 3 rounds, 10 MB
-    python bench/hub.py --quick          # 200 updates at 100/s, 1 round, 4 MB (< 60 s)
+    python bench/hub.py --quick          # 150 updates at 100/s, 1 round, 2 MB (< 60 s)
     python bench/hub.py --direct-send    # also our hub with the direct-send experiment
 
 The servers run side by side, each in a process of its own (``_hub_server.py``): our hub
@@ -315,11 +315,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, 1 repeat (< 60 s)")
     ap.add_argument("--observers", default="1,16,64", help="observer counts")
-    ap.add_argument("--n", type=int, help="updates per trial (default 1500, quick 200)")
+    ap.add_argument("--n", type=int, help="updates per trial (default 1500, quick 150)")
     ap.add_argument("--rate", type=float, help="updates/s (default 100)")
     ap.add_argument("--repeat", type=int, help="interleaved rounds (default 3, quick 1)")
-    ap.add_argument("--sat-n", type=int, help="saturating trial updates (default 2000, quick 300)")
-    ap.add_argument("--record-mb", type=float, help="join record size (default 10, quick 4)")
+    ap.add_argument("--sat-n", type=int, help="saturating trial updates (default 2000, quick 200)")
+    ap.add_argument("--record-mb", type=float, help="join record size (default 10, quick 2)")
     ap.add_argument("--joins", type=int, help="joins per variant (default 5, quick 2)")
     ap.add_argument(
         "--direct-send",
@@ -328,11 +328,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     q = args.quick
-    n = args.n or (200 if q else 1500)
+    n = args.n or (150 if q else 1500)
     rate = args.rate or 100.0
     repeat = args.repeat or (1 if q else 3)
-    sat_n = args.sat_n if args.sat_n is not None else (300 if q else 2000)
-    record_mb = args.record_mb or (4.0 if q else 10.0)
+    sat_n = args.sat_n if args.sat_n is not None else (200 if q else 2000)
+    record_mb = args.record_mb or (2.0 if q else 10.0)
     joins = args.joins if args.joins is not None else (2 if q else 5)
     counts = [int(c) for c in args.observers.split(",") if c]
     header("hub: crdtstore sync hub vs pycrdt-websocket", args)

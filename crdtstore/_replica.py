@@ -849,5 +849,125 @@ class Replica:
         self._settle()
 
 
+_BULK_FAN_IN = 16  # tree_merge fan-in for a bulk load's chunks (measured: 8-16 best)
+_BULK_PENDING_KEYS = 200_000  # keys whose winner a bulk load holds before resolving them
+
+# one journaled write a bulk load keeps per key and writer:
+# seq, op, agent, source, wall time, origin, client id
+_Write = tuple[int, Op, str, str, float, str, int]
+
+
+class BulkLoad:
+    """Apply many journal entries to a replica (compaction, replay) with the same document and
+    provenance as :meth:`Replica.apply_rows`, at a fraction of its per-entry cost.
+
+    Each chunk passed to :meth:`feed` is checked (CRC-32), merged with :func:`tree_merge` and
+    applied to the document once (entry by entry only if the merge or the apply is refused,
+    so that a bad entry is skipped alone). Provenance is resolved as in
+    :meth:`Replica.apply_rows`, but once for many chunks: per key only the last write of each
+    writer (``client_id``) is kept, since a writer's later write supersedes its own earlier
+    ones, and the keys are read from the document when :meth:`finish` runs (or when more than
+    ``_BULK_PENDING_KEYS`` keys are pending, which bounds the memory held).
+    """
+
+    def __init__(self, replica: Replica, run: str = "") -> None:
+        self.replica = replica
+        self.run = run
+        # (collection, key) -> the last write, or client id -> last write when several wrote
+        self._pending: dict[tuple[str, str], _Write | dict[int, _Write]] = {}
+
+    def feed(self, rows: Sequence[Row]) -> None:
+        replica = self.replica
+        good: list[Row] = []
+        for row in rows:
+            if checksum(row.update) != row.checksum:
+                replica._skip(JournalCorrupt(self.run, row.seq, "checksum mismatch"))
+            else:
+                good.append(row)
+        applied = good
+        try:
+            # our own journal's entries: no size limit, no trial decode (as in apply_rows)
+            merged = tree_merge([row.update for row in good], _BULK_FAN_IN)
+            replica.apply_update(merged, trial_decode=False, size_limit=False)
+        except Exception:  # one entry is refused: apply them one by one, skipping it
+            applied = []
+            for row in good:
+                try:
+                    replica.apply_update(row.update, trial_decode=False, size_limit=False)
+                except (InvalidUpdate, PayloadTooLarge) as exc:
+                    reason = exc.reason if isinstance(exc, InvalidUpdate) else str(exc)
+                    replica._skip(JournalCorrupt(self.run, row.seq, reason))
+                    continue
+                applied.append(row)
+        pending, coll_seq = self._pending, replica.coll_seq
+        for row in applied:
+            if row.seq > replica.head:
+                replica.head = row.seq
+            if not row.effect:
+                continue
+            seq, client = row.seq, row.client_id
+            write_meta = (row.agent, row.source, row.wall_time, row.origin, client)
+            for op in row.effect:
+                coll_seq[op[1]] = seq
+                if op[0] != "map":
+                    continue
+                write: _Write = (seq, op, *write_meta)
+                where = (op[1], op[3])
+                held = pending.get(where)
+                if held is None:
+                    pending[where] = write
+                elif type(held) is dict:
+                    held[client] = write
+                elif held[6] == client:
+                    pending[where] = write
+                else:
+                    pending[where] = {held[6]: held, client: write}
+        if len(pending) > _BULK_PENDING_KEYS:
+            self.finish()
+
+    def finish(self) -> None:
+        """Attribute every pending key to the entry whose write the document kept."""
+        replica, pending = self.replica, self._pending
+        self._pending = {}
+        by_name: dict[str, list[tuple[str, _Write | dict[int, _Write]]]] = {}
+        for (name, key), held in pending.items():
+            by_name.setdefault(name, []).append((key, held))
+        del pending
+        winners: dict[int, _Write] = {}
+        for name, keyed in by_name.items():
+            try:
+                root = replica.root(name, "map")
+            except CollectionKindMismatch:
+                continue
+            if len(keyed) * 4 >= len(root):  # most of the map: read it in one call
+                values = dict(root.items())
+                get = values.get
+            else:
+                get = root.get
+            index = replica.index.setdefault(name, {})
+            for key, held in keyed:
+                current = get(key, _ABSENT)
+                value = None if current is _ABSENT else from_stored(current)
+                writes = (
+                    sorted(held.values(), key=lambda w: w[0], reverse=True)
+                    if type(held) is dict
+                    else (held,)
+                )
+                for write in writes:
+                    op = write[1]
+                    if (current is _ABSENT and op[2] != "set") or (
+                        current is not _ABSENT and op[2] == "set" and from_stored(op[4]) == value
+                    ):
+                        index[key] = write[0]
+                        winners[write[0]] = write
+                        break
+                # no write matched: a write from before these entries is still current
+        for seq in sorted(winners):  # in journal order: the table appends
+            _, _, agent, source, wall, origin, _ = winners[seq]
+            replica._remember(seq, agent, source, wall, origin)
+        if winners:
+            replica._settle()
+
+
 def now() -> float:
     return time.time()

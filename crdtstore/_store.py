@@ -35,7 +35,7 @@ from ._models import HistoryEntry
 from ._names import check_key, check_name
 from ._notify import Notifier
 from ._record import READ_CHUNK, Record
-from ._replica import DEFAULT_MAX_UPDATE, Replica
+from ._replica import DEFAULT_MAX_UPDATE, BulkLoad, Replica
 from ._semantics import CollectionSpec
 
 _BUILTIN: dict[str, Callable[[str], JournalBackend]] = {
@@ -391,14 +391,17 @@ class Store:
             )  # our own snapshot
             replica.import_state(snap.state)
             seq = replica.seq = snap.seq
+        bulk = BulkLoad(replica, run)
         while seq < target:
             rows = await self._backend.read(self.tenant, run, seq, min(READ_CHUNK, target - seq))
             if not rows:
                 break
-            replica.apply_rows(rows, run)
+            bulk.feed(rows)
             seq = replica.seq = rows[-1].seq
+            del rows
             if progress is not None:
                 progress(seq, target)
+        bulk.finish()
         return replica
 
     async def compact(
