@@ -186,6 +186,11 @@ class JournalBackend(ABC):
         decides it rather than the record (``ws://``: the token's); None otherwise."""
         return None
 
+    async def read_only(self, tenant: str, run: str) -> bool:
+        """Whether writes to ``run`` will be refused (``ws://`` with a ``ro`` token): the
+        record then refuses them before touching its document."""
+        return False
+
     @abstractmethod
     async def open(self) -> None:
         """Connect (create files, tables) before first use."""

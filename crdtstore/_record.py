@@ -37,6 +37,7 @@ from ._errors import (
     JournalCorrupt,
     LeaseHeld,
     LeaseLost,
+    ReadOnlyAccess,
     RunClosed,
     StaleVersion,
     StoreClosed,
@@ -154,6 +155,7 @@ class Record:
         self._committer_idle = False  # waiting on _pending_event (cheaper than is_set())
         self._commit_lock = anyio.Lock()  # one journal append of this record at a time
         self._failure: BaseException | None = None
+        self._read_only: ReadOnlyAccess | None = None  # writes refused before any change
         # journal positions of entries made on a scratch copy (remote guarded writes) that
         # are applied already: the tail must not apply them again (see _write_guarded_remote)
         self._applied_foreign: set[int] = set()
@@ -186,6 +188,8 @@ class Record:
         identity = await self._backend.identity(self.tenant, self.run)
         if identity is not None:  # the backend names the writer (ws://: the token's agent)
             self.agent, self.source = identity
+        if await self._backend.read_only(self.tenant, self.run):
+            self._read_only = ReadOnlyAccess(self.tenant, self.run)
         # a nested run shares the record of its root run, under its own attribution
         seen = {info.run}
         while info.parent is not None:
@@ -262,6 +266,11 @@ class Record:
             raise StoreClosed("record")
         if self._failure is not None:
             raise self._failure
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        if self._read_only is not None:
+            raise self._read_only
 
     async def _load_specs(self, declare: Mapping[str, CollectionSpec]) -> None:
         for name, spec in declare.items():
@@ -425,8 +434,8 @@ class Record:
 
     async def _write(self, ops: _List[Op], apply: Callable[[], None]) -> None:
         """Apply a validated local write and queue its journal entry."""
-        if self._state != "open" or self._failure is not None:
-            self._check_open()
+        if self._state != "open" or self._failure is not None or self._read_only is not None:
+            self._check_writable()
         if self._txn_task is not None:
             if _TXN.get() is self._txn_task:
                 txn_meta = self._txn_meta
@@ -625,8 +634,8 @@ class Record:
         """A conditional write, serialised by the store's authority: apply every entry not yet
         seen, check that ``name[key]`` is still at version ``expected``, then apply and
         journal the write, all inside one exclusive journal transaction."""
-        if self._state != "open" or self._failure is not None:
-            self._check_open()
+        if self._state != "open" or self._failure is not None or self._read_only is not None:
+            self._check_writable()
         if expected is not None and (type(expected) is not int or expected < 0):
             raise InvalidValue(f"expected_version must be an int >= 0, not {expected!r}")
         if based_on is not None and not isinstance(based_on, Version):
@@ -1127,6 +1136,8 @@ class Record:
         self._committed += len(batch)
         self._fire_commit()
         self._store._notifier.notify(self.tenant, self._jrun, seqs[-1] if seqs else None)
+        if seqs:  # automatic compaction (Store.auto_compact) once the journal has grown
+            self._store._after_commit(self._jrun, seqs[-1])
 
     def _fire_commit(self) -> None:
         old, self._commit_event = self._commit_event, anyio.Event()
@@ -1233,8 +1244,9 @@ class Record:
             InvalidUpdate: bytes that do not decode as a v1 update (nothing changes).
             PayloadTooLarge: larger than the store's ``max_update`` (nothing changes).
             PolicyViolation, BudgetExceeded: the update's effect is refused (nothing changes).
+            ReadOnlyAccess: the store has read-only access to the run (nothing changes).
         """
-        self._check_open()
+        self._check_writable()
         self.replica.check_update(update)
         while self._txn_task is not None:
             await self._txn_idle.wait()

@@ -169,6 +169,7 @@ class _Link:
         self.final: CrdtStoreError | None = None
         self.waiters: dict[int | str, _Waiter] = {}
         self.identity: tuple[str, str] | None = None
+        self.read_only = False
         self.connects = 0
 
     def _fire(self) -> None:
@@ -449,7 +450,12 @@ class WsJournal(JournalBackend):
             if not isinstance(claims, dict):
                 raise BackendError("ws", f"malformed whoami answer {claims!r}")
             link.identity = (str(claims.get("agent")), str(claims.get("source", "model")))
+            link.read_only = claims.get("mode") == "ro"
         return link.identity
+
+    async def read_only(self, tenant: str, run: str) -> bool:
+        await self.identity(tenant, run)
+        return (await self._link(tenant, run)).read_only
 
     # -- runs -------------------------------------------------------------------------------
 

@@ -364,11 +364,15 @@ async def test_a_read_only_record_s_writes_are_refused(tmp_path: Path) -> None:
             before = await journal(hub)
             async with ws_record(hub, token("reader", mode="ro")) as reader:
                 assert reader.map("m").get("k") == 1  # it reads
-                await reader.map("m").set("k", 2)  # local only
+                with pytest.raises(ReadOnlyAccess):  # refused before the document changes
+                    await reader.map("m").set("k", 2)
+                assert reader.map("m").get("k") == 1
                 with pytest.raises(ReadOnlyAccess):
-                    await reader.flush()
+                    await reader.list("log").append("x")
                 with pytest.raises(ReadOnlyAccess):
-                    await reader.map("m").set("k", 3)
+                    await reader.apply_update(b"\x00\x00")
+                assert "log" not in reader.to_dict()
+                await reader.flush()  # nothing to flush: a reader's flush is fine
                 await writer.map("m").set("other", 4)  # and it still follows the run
                 await until(lambda: reader.map("m").get("other") == 4)
             await writer.flush()
