@@ -4,6 +4,7 @@ processes, and ``keep_all`` reads with siblings.
     python bench/semantics.py            # 20k writes x 5, 4 s per guarded run, 3 repeats
     python bench/semantics.py --quick    # 5k writes x 3, 1 s per guarded run (each part < 30 s)
     python bench/semantics.py --only declared,guarded,keep_all
+    valgrind --tool=callgrind python bench/semantics.py --writes 0 4500   # see writes_main
 
 1. **declared vs plain** (``memory://``): the same ``await m.set(key, {"text", "confidence"})``
    on a collection declared with a pydantic model, a write policy and budgets, against the
@@ -479,10 +480,38 @@ def child_main(argv: list[str]) -> int:
     return 0
 
 
+async def just_sets(n: int, spec: CollectionSpec | None, overwrite: bool) -> None:
+    keys = [f"k{i % 100}" if overwrite else f"k{i}" for i in range(n)]
+    values = [{"text": f"finding number {i}", "confidence": (i % 100) / 100} for i in range(n)]
+    async with (
+        crdtstore.open_store("memory://") as store,
+        store.open_record("bench", "writer", "tool", schema=spec and {"m": spec}) as rec,
+    ):
+        m = rec.map("m")
+        for k, v in zip(keys, values, strict=True):
+            await m.set(k, v)
+        await rec.flush()
+
+
+def writes_main(argv: list[str]) -> int:
+    """``--writes VARIANT N``: only make part 1's N writes, untimed, for an instruction count
+    (``valgrind --tool=callgrind``; run N=4500 and N=500, divide the difference by 4000).
+    VARIANT: ``plain``, ``plain-overwrite`` or the index of a declared variant (0-5)."""
+    variant, n = argv[0], int(argv[1])
+    if variant in ("plain", "plain-overwrite"):
+        spec, overwrite = None, variant == "plain-overwrite"
+    else:
+        _, spec, overwrite, _ = declared_variants(n)[int(variant)]
+    anyio.run(just_sets, n, spec, overwrite)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--child"]:
         return child_main(argv[1:])
+    if argv[:1] == ["--writes"]:
+        return writes_main(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="smaller sizes (each part < ~30 s)")
     ap.add_argument("-n", type=int, default=None, help="writes per run in part 1")
