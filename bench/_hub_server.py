@@ -31,10 +31,12 @@ from typing import Any
 
 
 def patch_direct_send() -> None:
-    """An experiment (``--direct-send``), not the hub as shipped: a connection whose send
-    queue is empty and whose socket buffer is small gets the frame written at once with
-    ``websockets.broadcast`` (synchronous, no task wake-up); otherwise the frame is queued
-    for the connection's sender task as before (same bound, same order)."""
+    """The direct send (``--direct-send``) patched into a hub that does not have it yet (a
+    snapshot from before it went into ``sync/_hub.py``; on a hub that has it, this changes
+    nothing): a connection whose send queue is empty and whose socket buffer is small gets
+    the frame written at once with ``websockets.broadcast`` (synchronous, no task wake-up);
+    otherwise the frame is queued for the connection's sender task as before (same bound,
+    same order)."""
     from websockets.asyncio.server import broadcast
 
     from sync import _hub

@@ -3,7 +3,7 @@ and the time for a new client to join a run holding a 10 MB record.
 
     python bench/hub.py                  # 1,500 updates at 100/s per trial, 3 rounds, 10 MB
     python bench/hub.py --quick          # 150 updates at 100/s, 1 round, 2 MB (< 60 s)
-    python bench/hub.py --direct-send    # also our hub with the direct-send experiment
+    python bench/hub.py --direct-send    # also our hub with the direct send patched in
 
 The servers run side by side, each in a process of its own (``_hub_server.py``): our hub
 (:class:`sync.Hub` on a ``sqlite:///`` store, journaling every update), pycrdt-websocket's
@@ -324,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--direct-send",
         action="store_true",
-        help="also measure our hub with the direct-send experiment (_hub_server.py)",
+        help="also measure our hub with the direct send patched in (for a hub from before it)",
     )
     args = ap.parse_args(argv)
     q = args.quick
