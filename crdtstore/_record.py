@@ -45,7 +45,7 @@ from ._errors import (
 from ._journal import SOURCES, Authority, Durability, JournalEntry, NewEntry, Op, checksum
 from ._models import Change, HistoryEntry, Provenance, Version
 from ._names import check_name
-from ._replica import _EMPTY_UPDATES, Meta, Replica, now
+from ._replica import _EMPTY_UPDATES, BulkLoad, Meta, Replica, now, policed
 from ._semantics import (
     BYTES_PER_TOKEN,
     Budget,
@@ -326,12 +326,14 @@ class Record:
             )  # our own snapshot
             self.replica.import_state(snap.state)
             self.applied_seq = snap.seq
+        bulk = BulkLoad(self.replica, self._jrun)  # apply_rows' result, at bulk speed
         while True:
             rows = await self._backend.read(self.tenant, self._jrun, self.applied_seq, LOAD_CHUNK)
             if not rows:
                 break
-            self.replica.apply_rows(rows, self._jrun)
+            bulk.feed(rows)
             self.applied_seq = rows[-1].seq
+        bulk.finish()
         # A skipped entry at the end of the journal is a torn tail: nothing depends on it. One
         # in the middle may be the left origin of later items, which yrs then keeps pending,
         # invisible: refuse to open with a silently partial record, unless asked to salvage.
@@ -452,24 +454,44 @@ class Record:
             while self._txn_task is not None:
                 await self._txn_idle.wait()
             self._check_open()
+        if self._write_now(ops, apply):
+            await self._after_write()
+
+    def _write_now(self, ops: _List[Op], apply: Callable[[], None]) -> bool:
+        """The synchronous part of a write outside a transaction (callers check that
+        ``_txn_task`` is None): check, apply, queue the journal entry. Return whether the
+        caller must ``await self._after_write()`` (durable mode, or a full queue).
+
+        A collection's write calls this directly when no transaction is open, which saves
+        the ``_write`` coroutine on the hot path."""
+        if self._state != "open" or self._failure is not None or self._read_only is not None:
+            self._check_writable()
         # Policies and budgets are checked before the document is touched (no rollback).
         usage = self._enforce(ops, conditional=False) if self._specs else None
         # tuple.__new__ skips the namedtuple's Python-level __new__ (a third of a write's
         # bookkeeping on this path)
         meta: Meta = _tuple_new(Meta, (self.agent, self.source, _time(), None, self._origin))
+        replica = self.replica
         try:
-            update = self.replica.local(ops, apply, meta)
+            update = replica.local(ops, apply, meta)
         except BaseException:
-            partial, self.replica.partial_update = self.replica.partial_update, None
+            partial, replica.partial_update = replica.partial_update, None
             if partial is not None:
                 self._enqueue(partial, ops, meta)
             raise
+        pending = self._pending
         if update is not None:
-            self._enqueue(update, ops, meta)
+            if self._stamps or self._subscribers:
+                self._enqueue(update, ops, meta)
+            else:  # _enqueue's work, inlined for the usual case
+                pending.append((update, ops, meta))
+                self._written += 1
+                if self._committer_idle:
+                    self._committer_idle = False
+                    self._pending_event.set()
         if usage is not None:
-            self._account(usage)
-        if self.durability == "durable" or len(self._pending) > self._max_pending:
-            await self._after_write()
+            apply_budgets(usage)
+        return self.durability == "durable" or len(pending) > self._max_pending
 
     # -- policies, budgets, versions ------------------------------------------------------------
 
@@ -483,8 +505,7 @@ class Record:
     def owner(self, collection: str, key: str) -> str | None:
         """StateView: the agent that created the entry. Under the owner policy only the creator
         can change an entry, so the writer of the current value is the creator."""
-        meta = self.replica.meta(collection, key)
-        return None if meta is None else meta.agent
+        return self.replica.agent_of(collection, key)
 
     def length(self, collection: str, kind: str) -> int:
         """StateView: entries of a list, characters of a text."""
@@ -850,7 +871,7 @@ class Record:
                 scratch.apply_update(self.replica.doc.get_update())
                 try:
                     for update in updates:  # in order, each on top of the ones before
-                        ops = scratch.apply_external(update)[0]
+                        ops = policed(scratch.apply_external(update)[0])
                         self._account(self._enforce(ops, conditional=guarded))
                 finally:
                     self._invalidate_all()  # budgets are measured again from the document
@@ -1236,9 +1257,13 @@ class Record:
         journaled as a write of this record's agent.
 
         Only what the update actually adds is journaled (the delta the document integrated),
-        with its effect on map collections, so provenance and history attribute the values
-        it wrote to this record's agent. When the run declares policies or budgets, the
-        update is first tried on a scratch copy and its effect checked against them.
+        with its effect (map sets and deletes, list and text inserts and deletes), so
+        provenance, history and ``changes()`` attribute what it wrote to this record's agent.
+        Root types it writes that the collection registry does not name (a plain Yjs
+        client's ``doc.getMap("notes")``) are registered with the kind their items show, in
+        the same journaled entry (see :meth:`Replica.apply_external`). When the run declares
+        policies or budgets, the update is first tried on a scratch copy and its effect
+        checked against them.
 
         Raises:
             InvalidUpdate: bytes that do not decode as a v1 update (nothing changes).
@@ -1259,10 +1284,11 @@ class Record:
         ):
             scratch = Replica(max_update=self.replica.max_update)
             scratch.apply_update(self.replica.doc.get_update())
-            self._enforce(scratch.apply_external(update)[0], conditional=False)
+            ops = policed(scratch.apply_external(update, register=True)[0])
+            self._enforce(ops, conditional=False)
         meta = Meta(self.agent, self.source, now(), None, self._origin)
         self._invalidate_all()
-        ops, delta = self.replica.apply_external(update, meta)
+        ops, delta = self.replica.apply_external(update, meta, register=True)
         # Journal what was given, not only the delta the document reports: pycrdt integrates
         # an update with a clock gap at once but leaves it out of the transaction's update,
         # and every replica must see what this one shows.
@@ -1289,6 +1315,20 @@ class Record:
     def _changes_of(
         ops: _List[Op], agent: str, source: str, seq: int | None, local: bool
     ) -> _List[Change]:
+        if len(ops) == 1:  # the usual entry: one op, one change (no grouping)
+            op = ops[0]
+            return [
+                Change(
+                    collection=op[1],
+                    kind=op[0],
+                    keys=(op[3],) if op[0] == "map" else (),
+                    agent=agent,
+                    source=source,
+                    seq=seq,
+                    local=local,
+                    ops=(tuple(op),),
+                )
+            ]
         grouped: dict[tuple[str, str], _List[Op]] = {}
         for op in ops:
             grouped.setdefault((op[1], op[0]), []).append(op)

@@ -1052,8 +1052,8 @@ def token_revoke(
     ] = None,
     revoked_file: RevokedFileOpt = None,
 ) -> None:
-    """Revoke a token: a hub serving the store refuses it within a second (HTTP 403) and
-    closes the connections using it (4403)."""
+    """Revoke a token: a hub serving the store refuses it within a second (4403, or HTTP 403)
+    and closes the connections using it (4403)."""
     url = store if store is None or "://" in store else _path_url(Path(store))
     try:
         path = _sync_cli().revoke_token(jti, store=url, revoked_file=revoked_file)
@@ -1069,11 +1069,19 @@ def serve(
     port: Annotated[int, typer.Option("--port", help="TCP port (0: any free port).")] = 8765,
     secret_file: SecretFileOpt = None,
     revoked_file: RevokedFileOpt = None,
+    refuse_with: Annotated[
+        str,
+        typer.Option(
+            "--refuse-with",
+            help="How a bad token is refused: 'close' (upgrade, then close 4401/4403: final "
+            "for y-websocket clients) or 'http' (HTTP 401/403 at the upgrade).",
+        ),
+    ] = "close",
 ) -> None:
     """Start the sync hub: agents connect to ws://HOST:PORT/<tenant>/<run>?token=...;
     tokens listed in the revocation file are refused (it is re-read when it changes)."""
     try:
-        _sync_cli().serve_hub(store, host, port, secret_file, revoked_file)
+        _sync_cli().serve_hub(store, host, port, secret_file, revoked_file, refuse_with)
     except CrdtStoreError as exc:
         raise _fail(str(exc)) from None
 

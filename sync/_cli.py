@@ -6,7 +6,8 @@ Revocation: ``crdtstore token`` prints the token's id (``jti``) above the token;
 token revoke --jti ID --store URL`` appends it to the store's revocation file (for
 ``sqlite:///path/store.db``: ``path/store.db.revoked``; or the file given by
 ``--revoked-file``), which a hub serving that store re-reads within ``revocation_poll``
-(0.5 s): new connections with the token are refused (HTTP 403), open ones closed (4403).
+(0.5 s): new connections with the token are refused (closed with 4403 at once, or HTTP 403
+with ``--refuse-with http``), open ones closed (4403).
 A file, not a table of the store: revocation is per signing secret rather than per tenant,
 and a file works whatever the store's backend, costs the hub one ``stat`` per poll, and can be
 written by the operator without the hub or the store's schema knowing a new table.
@@ -127,14 +128,24 @@ def serve_hub(
     port: int,
     secret_file: Path | None = None,
     revoked_file: Path | None = None,
+    refuse_with: str = "close",
 ) -> None:
     """Run the hub until interrupted. The secret is loaded first: no secret, no hub.
+    ``refuse_with``: how a bad token is refused (see :class:`Hub`).
 
     Raises:
         SecretMissing: no secret, or too short.
+        InvalidValue: ``refuse_with`` is neither ``"close"`` nor ``"http"``.
     """
     secret = load_secret(secret_file)
-    hub = Hub(store, secret, revoked_file=revoked_file)
+    if refuse_with not in ("close", "http"):
+        raise InvalidValue(f"--refuse-with must be 'close' or 'http', not {refuse_with!r}")
+    hub = Hub(
+        store,
+        secret,
+        revoked_file=revoked_file,
+        refuse_with="http" if refuse_with == "http" else "close",
+    )
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -176,6 +187,15 @@ RevokedFileOpt = Annotated[
     ),
 ]
 
+RefuseWithOpt = Annotated[
+    str,
+    typer.Option(
+        "--refuse-with",
+        help="How a bad token is refused: 'close' (upgrade, then close 4401/4403: final for "
+        "y-websocket clients) or 'http' (HTTP 401/403 at the upgrade).",
+    ),
+]
+
 
 def serve_command(
     store: StoreOpt,
@@ -183,11 +203,12 @@ def serve_command(
     port: PortOpt = 8765,
     secret_file: SecretFileOpt = None,
     revoked_file: RevokedFileOpt = None,
+    refuse_with: RefuseWithOpt = "close",
 ) -> None:
     """Start the sync hub: agents connect to ws://HOST:PORT/<tenant>/<run>?token=...;
     tokens listed in the revocation file are refused (it is re-read when it changes)."""
     try:
-        serve_hub(store, host, port, secret_file, revoked_file)
+        serve_hub(store, host, port, secret_file, revoked_file, refuse_with)
     except CrdtStoreError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None

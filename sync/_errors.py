@@ -27,9 +27,12 @@ class CloseCode(IntEnum):
     token, too large, too fast). Mnemonic: 4400 + the closest HTTP status. The standard 1xxx
     codes mean the connection may be retried.
 
-    Note: y-websocket's client (2.x, 3.x and 4.0 release candidates) reconnects after *any*
-    close; to make a 44xx close final, a JavaScript application listens to the provider's
-    ``connection-close`` event and calls ``provider.disconnect()`` for 4400 <= code < 4500.
+    y-websocket's client 3.1.0 treats a close code in 4400-4499 as final by itself: it stops
+    reconnecting and emits ``connection-close`` then ``status: disconnected`` (and ``closed``).
+    Earlier versions (2.x, 3.0.0) reconnect after *any* close: there a JavaScript application
+    listens to ``connection-close`` and calls ``provider.disconnect()`` for 4400 <= code < 4500.
+    Every version retries an HTTP refusal of the upgrade forever (a browser sees close 1006),
+    which is why the hub refuses a bad token with 4401/4403 after the upgrade by default.
     """
 
     NORMAL = 1000

@@ -9,15 +9,21 @@
 A client connects to ``ws://host:port/<tenant>/<run>`` with a token (:mod:`sync._tokens`) as
 the ``token`` query parameter (what y-websocket's ``params`` option sends) or as the
 subprotocol ``crdtstore.token.<token>``. The token is checked at the HTTP upgrade
-(``process_request``): a missing, malformed, forged or expired one is refused with HTTP 401,
-one for another tenant or run, or a revoked one, with HTTP 403, before any document byte is
-sent. An accepted connection speaks the y-protocols sync protocol (:class:`~sync.ServerSession`).
+(``process_request``) and a bad one is refused before any document byte is sent. By default
+(``Hub(refuse_with="close")``) the upgrade completes and the connection is closed at once with
+the token error's 44xx code and the reason ``"<CODE>: <reason>"``: 4401 for a missing,
+malformed, forged or expired token, 4403 for one of another tenant or run, or a revoked one.
+That is what ends a y-websocket client for good (3.1 stops by itself on 4400-4499; every
+version retries an HTTP refusal forever, which a browser sees as close 1006 and cannot even
+read). With ``refuse_with="http"`` the upgrade itself is refused with HTTP 401 or 403 and the
+same text as body. An accepted connection speaks the y-protocols sync protocol
+(:class:`~sync.ServerSession`).
 
 **Revocation.** A token is revoked by its id (``jti``): :meth:`Hub.revoke`, or a line in the
 revocation file (``crdtstore token revoke``; by default ``store.db.revoked`` next to a SQLite
 store), whose ``stat`` the hub checks every ``HubLimits.revocation_poll`` (0.5 s) and which it
 re-reads when it changed. Connections using a revoked token are closed with 4403
-(``TOKEN_REVOKED``), new ones refused with HTTP 403.
+(``TOKEN_REVOKED``), new ones refused with 4403 (or HTTP 403).
 
 **One record per loaded run, provenance per connection.** The first connection to a run opens
 the run's record on the tenant's store (a :class:`crdtstore.Record` opened as agent ``hub``,
@@ -74,12 +80,12 @@ from collections.abc import Callable, Iterable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
-from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.asyncio.server import Server, ServerConnection, broadcast, serve
 from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request as HttpRequest
@@ -116,7 +122,10 @@ from ._messages import (
     encode_awareness_update,
 )
 from ._ops import OpContext, dispatch
-from ._ops_journal import push_heads  # registers the journal ops (the ws:// client's)
+from ._ops_journal import (  # registers the journal ops (the ws:// client's)
+    push_heads,
+    push_leases,
+)
 from ._ops_leases import LEASE_OPS as LEASE_OPS  # registers the lease ops
 from ._session import ServerSession
 from ._tokens import (
@@ -359,7 +368,7 @@ class _Conn:
     """One accepted connection: its claims, session and bounded send queue."""
 
     # a crdtstore client (subprotocol ``crdtstore``): it tails the journal (journal ops) and
-    # gets head pushes, never Yjs sync or update frames (see sync._ops_journal)
+    # gets head and lease pushes, never Yjs sync or update frames (see sync._ops_journal)
     journal_client = False
 
     def __init__(
@@ -396,9 +405,17 @@ class _Conn:
         return f"<connection {self.claims.agent}@{self.room.tenant}/{self.room.run}>"
 
     def send(self, frame: bytes) -> None:
-        """Queue a frame (never blocks); a full queue closes the connection (4408)."""
+        """Send a frame without blocking: written to the socket at once when nothing is queued
+        and the socket's write buffer is under its high-water mark (as ``ws.send`` would,
+        without waking the sender task: the broadcast path's main cost), else queued for
+        :meth:`sender`, in order; a full queue closes the connection (4408)."""
         if self.close_with is not None:
             return
+        if not self.queue:
+            transport = self.ws.transport
+            if transport.get_write_buffer_size() < transport.get_write_buffer_limits()[1]:
+                broadcast((self.ws,), frame)  # synchronous; skips a connection not open
+                return
         limits = self.limits
         if (
             len(self.queue) >= limits.max_queue_frames
@@ -527,9 +544,12 @@ class Hub:
         revoked_file: the revocation list (:func:`sync._tokens.read_revoked`), re-read when it
             changes (checked every ``limits.revocation_poll`` seconds); default: next to a
             SQLite store's database (``store.db.revoked``), none for other stores.
+        refuse_with: how a bad token is refused: ``"close"`` (default) completes the upgrade
+            and closes at once with 4401/4403, ``"http"`` answers the upgrade with 401/403.
 
     Raises:
         SecretMissing: ``secret`` is too short.
+        InvalidValue: ``refuse_with`` is neither ``"close"`` nor ``"http"``.
         RevocationFileError: the revocation file exists but cannot be read.
     """
 
@@ -541,7 +561,11 @@ class Hub:
         limits: HubLimits | None = None,
         clock: Callable[[], float] = time.time,
         revoked_file: str | Path | None = None,
+        refuse_with: Literal["close", "http"] = "close",
     ) -> None:
+        if refuse_with not in ("close", "http"):
+            raise InvalidValue(f"refuse_with must be 'close' or 'http', not {refuse_with!r}")
+        self.refuse_with = refuse_with
         self.store_url = store_url
         self._secret = secret
         self.limits = limits or HubLimits()
@@ -558,6 +582,9 @@ class Hub:
         self._rooms: dict[tuple[str, str], _Room] = {}
         self._auth: weakref.WeakKeyDictionary[ServerConnection, tuple[TokenClaims, str, str]]
         self._auth = weakref.WeakKeyDictionary()
+        # connections whose token was refused (refuse_with="close"): (close code, reason)
+        self._refused: weakref.WeakKeyDictionary[ServerConnection, tuple[int, str]]
+        self._refused = weakref.WeakKeyDictionary()
         self._tg: TaskGroup | None = None
         self._stopping = anyio.Event()
         self._changed = anyio.Event()
@@ -743,7 +770,11 @@ class Hub:
             )
         except TokenError as exc:
             log.info("refused a connection to %s/%s: %s (%s)", tenant, run, exc.code, exc.reason)
-            return connection.respond(exc.http_status, f"{exc.code}: {exc.reason}\n")
+            if self.refuse_with == "http":
+                return connection.respond(exc.http_status, f"{exc.code}: {exc.reason}\n")
+            # upgrade, then close with the 44xx code (the handler sends nothing before it)
+            self._refused[connection] = (exc.close_code, f"{exc.code}: {exc.reason}"[:_MAX_REASON])
+            return None
         self._auth[connection] = (claims, tenant, run)
         return None
 
@@ -805,6 +836,10 @@ class Hub:
     # -- connections ------------------------------------------------------------------------------
 
     async def _handler(self, ws: ServerConnection) -> None:
+        refused = self._refused.pop(ws, None)
+        if refused is not None:  # a bad token (refuse_with="close"): no document byte
+            await ws.close(*refused)
+            return
         auth = self._auth.pop(ws, None)
         if auth is None:  # process_request refuses those; never serve without a token
             await ws.close(CloseCode.UNAUTHORIZED, "TOKEN_INVALID: no token")
@@ -849,6 +884,7 @@ class Hub:
                 if ws.subprotocol == SUBPROTOCOL:
                     conn.journal_client = True
                     tg.start_soon(push_heads, conn)
+                    tg.start_soon(push_leases, conn)
                 else:
                     for frame in session.start():
                         conn.send(frame)

@@ -11,7 +11,8 @@ tail, and the hub sees its writes the same way.
 A JavaScript collection is the root type of the same name (``doc.getMap("findings")`` is
 ``rec.map("findings")``, ``getArray`` a ``list``, ``getText`` a ``text``), registered in the
 document's ``__crdtstore_collections`` map, which the driver does in the same transaction as
-its write (as a record does).
+its write (as a record does); with ``--no-register`` it does not (a plain Yjs application), and
+the hub registers the roots it writes.
 
 Nothing sleeps to wait for sync: every wait is on a condition under a deadline (the driver's
 ``wait-for``, ``flush`` acknowledged by the hub, or a poll of the record under
@@ -99,8 +100,18 @@ class RunningHub:
 
 @pytest.fixture
 def hub(tmp_path: Path) -> Iterator[RunningHub]:
+    yield from _serve(tmp_path)
+
+
+@pytest.fixture
+def http_refusing_hub(tmp_path: Path) -> Iterator[RunningHub]:
+    """A hub refusing bad tokens with HTTP 401/403 at the upgrade (``refuse_with="http"``)."""
+    yield from _serve(tmp_path, refuse_with="http")
+
+
+def _serve(tmp_path: Path, **options: Any) -> Iterator[RunningHub]:
     url = f"sqlite:///{tmp_path / 'store.db'}"
-    hub = Hub(url, SECRET)
+    hub = Hub(url, SECRET, **options)
     with anyio.from_thread.start_blocking_portal("asyncio") as portal:
         serving: Future[Any]
         serving, port = portal.start_task(hub.serve, "127.0.0.1", 0)
@@ -464,10 +475,11 @@ async def _assert_final_close(js: JSClient, **expect: Any) -> dict[str, Any]:
     return closed
 
 
-async def test_refused_tokens_end_in_a_final_close(hub: RunningHub) -> None:
+def _bad_tokens() -> list[tuple[str, str | None, int, str]]:
+    """(name, token, HTTP status, error code) of every way a token is refused."""
     good = token("js-1")
     payload, _, signature = good.partition(".")
-    cases: list[tuple[str, str | None, int, str]] = [
+    return [
         ("missing", None, 401, "TOKEN_INVALID"),
         ("forged", f"{payload}.{signature[:-2]}AA", 401, "TOKEN_INVALID"),
         (
@@ -481,14 +493,42 @@ async def test_refused_tokens_end_in_a_final_close(hub: RunningHub) -> None:
         ("other tenant", token("js-1", tenant="t2"), 403, "FORBIDDEN"),
     ]
 
+
+async def test_refused_tokens_end_y_websocket_by_itself(hub: RunningHub) -> None:
+    """The default hub completes the upgrade and closes with 4401/4403 before any document
+    byte: a stock y-websocket 3.1 provider (``--stock-close``: its own ``shouldReconnect``, no
+    ``disconnect()`` from the driver) stops reconnecting by itself and emits ``closed``."""
+
+    async def case(name: str, tok: str | None, status: int, code: str) -> None:
+        async with js_client(hub, tok, "--stock-close", synced=False) as js:
+            closed = await _assert_final_close(
+                js, code=4400 + status - 400, http_status=None, by="y-websocket"
+            )
+            assert closed["reason"].startswith(f"{code}: "), (name, closed)
+            assert js.count("provider-closed", code=closed["code"]) == 1
+            assert js.count("sync", synced=True) == 0  # no document byte came
+            await js.cmd("map.set", name="findings", key=name, value=1)  # stays local
+
+    async with anyio.create_task_group() as tg:
+        for args in _bad_tokens():
+            tg.start_soon(case, *args)
+    assert await journal(hub) == []
+    assert hub.hub.loaded_runs() == {}
+
+
+async def test_http_refused_tokens_end_in_a_final_close(http_refusing_hub: RunningHub) -> None:
+    """With ``refuse_with="http"`` the upgrade is refused with 401/403: y-websocket sees close
+    1006 and would retry for ever; the driver's workaround reads the status and stops."""
+    hub = http_refusing_hub
+
     async def case(name: str, tok: str | None, status: int, code: str) -> None:
         async with js_client(hub, tok, synced=False) as js:
-            closed = await _assert_final_close(js, http_status=status)
+            closed = await _assert_final_close(js, http_status=status, by="driver")
             assert closed["http_body"].startswith(code), (name, closed)
             await js.cmd("map.set", name="findings", key=name, value=1)  # stays local
 
     async with anyio.create_task_group() as tg:
-        for args in cases:
+        for args in _bad_tokens():
             tg.start_soon(case, *args)
     assert await journal(hub) == []
     assert hub.hub.loaded_runs() == {}
@@ -508,25 +548,62 @@ async def test_a_token_expiring_while_connected_ends_in_a_final_4401(hub: Runnin
 # -- collections the JS side does not register ----------------------------------------------------
 
 
-async def test_an_unregistered_js_collection_is_readable_but_unlisted(hub: RunningHub) -> None:
-    """Pins current behaviour (see the issue 5 interop notes): a Yjs client that writes a root
-    map without registering it in ``__crdtstore_collections`` is journaled with no effect; a
-    record reads it by name, but does not list it, and keeps no provenance for its keys, until
-    a record writes to it (which registers it)."""
+async def test_collections_a_plain_yjs_client_creates_are_registered_with_effects(
+    hub: RunningHub,
+) -> None:
+    """A Yjs client that knows nothing of ``__crdtstore_collections`` (``--no-register``):
+    the hub registers the roots it writes with the kind their items show, in the entry that
+    journals its update, and its list and text edits have an effect (text positions in
+    characters, whereas Yjs counts UTF-16 units and pycrdt UTF-8 bytes), which a record's
+    ``changes()`` delivers, attributed to the token's agent."""
     async with py_record(hub) as rec, js_client(hub, token("js-1"), "--no-register") as js:
+        stream = rec.changes()
         await js.cmd("map.set", name="loose", key="k", value=1)
+        await js.cmd("array.push", name="items", values=["a", "b"])
+        await js.cmd("text.insert", name="notes", index=0, text="héllo")
         await js.cmd("flush")
-        await until(lambda: rec.map("loose").get("k") == 1)
-        assert "loose" not in rec.collections()
-        assert rec.map("loose").provenance("k") is None
-        await rec.map("loose").set("p", 2)
-        assert rec.collections() == {"loose": "map"}
-        await js.cmd("wait-for", state={"loose": {"k": 1, "p": 2}})
-    entries = await journal(hub)
-    assert [(e.agent, e.effect) for e in entries] == [
-        ("js-1", []),
-        ("py", [["map", "loose", "set", "p", 2]]),
+        await until(
+            lambda: rec.collections() == {"items": "list", "loose": "map", "notes": "text"}
+        )
+        assert rec.to_dict() == {"items": ["a", "b"], "loose": {"k": 1}, "notes": "héllo"}
+        meta = rec.map("loose").provenance("k")
+        assert meta is not None and meta.agent == "js-1"
+
+        await js.cmd("array.insert", name="items", index=1, values=["x"])
+        await js.cmd("array.delete", name="items", index=0, count=1)
+        await js.cmd("text.insert", name="notes", index=5, text="😀")
+        await js.cmd("text.insert", name="notes", index=7, text="!")  # after 😀: 2 UTF-16 units
+        await js.cmd("text.delete", name="notes", index=1, count=1)  # é
+        await js.cmd("flush")
+        await until(lambda: rec.to_dict().get("notes") == "hllo😀!")
+        assert rec.to_dict()["items"] == ["x", "b"]
+        ops: list[list[Any]] = []
+        with anyio.fail_after(DEADLINE):
+            async for change in stream:
+                assert change.agent == "js-1" and not change.local
+                ops.extend(list(op) for op in change.ops)
+                if len(ops) == 8:
+                    break
+        stream.close()
+    assert sorted(ops[:3]) == [
+        ["list", "items", "ins", 0, ["a", "b"]],
+        ["map", "loose", "set", "k", 1],
+        ["text", "notes", "ins", 0, "héllo"],
     ]
+    assert ops[3:] == [
+        ["list", "items", "ins", 1, ["x"]],
+        ["list", "items", "del", 0, 1],
+        ["text", "notes", "ins", 5, "😀"],
+        ["text", "notes", "ins", 6, "!"],
+        ["text", "notes", "del", 1, 1],
+    ]
+    entries = await journal(hub)
+    assert {e.agent for e in entries} == {"js-1"}
+    assert [op for e in entries for op in e.effect] == ops  # the journal holds them
+    async with crdtstore.open_store(hub.store_url, tenant=TENANT) as store:
+        replayed = await store.replay(RUN)  # the registration is in the journal
+        assert replayed.collections() == {"items": "list", "loose": "map", "notes": "text"}
+        assert replayed.to_dict() == {"items": ["x", "b"], "loose": {"k": 1}, "notes": "hllo😀!"}
 
 
 # -- the driver as an agent -----------------------------------------------------------------------

@@ -21,7 +21,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 import sync
-from crdtstore import open_store
+from crdtstore import InvalidValue, open_store
 from crdtstore.cli import app
 from sync import (
     Awareness,
@@ -203,13 +203,44 @@ class HubUnderTest:
 
 
 @contextlib.asynccontextmanager
-async def running_hub(tmp_path: Path, **limits: Any) -> AsyncIterator[HubUnderTest]:
+async def running_hub(
+    tmp_path: Path, *, refuse_with: str = "close", **limits: Any
+) -> AsyncIterator[HubUnderTest]:
     url = f"sqlite:///{tmp_path / 'store.db'}"
-    hub = Hub(url, SECRET, limits=HubLimits(**limits))
+    hub = Hub(
+        url,
+        SECRET,
+        limits=HubLimits(**limits),
+        refuse_with="http" if refuse_with == "http" else "close",
+    )
     async with anyio.create_task_group() as tg:
         port = await tg.start(hub.serve, "127.0.0.1", 0)
         yield HubUnderTest(hub, port, url)
         tg.cancel_scope.cancel()
+
+
+async def refused(url: str, subprotocols: list[str] | None = None) -> tuple[int, str]:
+    """Connect to a hub refusing the connection (``refuse_with="close"``): the upgrade
+    completes and the hub closes at once; assert no frame came before the close, and return
+    its code and reason."""
+    with anyio.fail_after(DEADLINE):
+        async with connect(url, subprotocols=subprotocols) as ws:  # type: ignore[arg-type]
+            try:
+                frame = await ws.recv()
+            except ConnectionClosed as exc:
+                rcvd = exc.rcvd
+            else:
+                pytest.fail(f"a frame before the close: {frame!r}")
+    assert rcvd is not None, "closed without a close frame"
+    return rcvd.code, rcvd.reason
+
+
+async def http_refused(url: str, subprotocols: list[str] | None = None) -> tuple[int, bytes]:
+    """Connect to a hub refusing the upgrade (``refuse_with="http"``): status and body."""
+    with pytest.raises(InvalidStatus) as info:
+        async with connect(url, subprotocols=subprotocols):  # type: ignore[arg-type]
+            pass
+    return info.value.response.status_code, info.value.response.body
 
 
 # -- sync and provenance --------------------------------------------------------------------
@@ -307,34 +338,40 @@ async def test_awareness_is_relayed_answered_and_removed(tmp_path: Path) -> None
 # -- auth and scope -------------------------------------------------------------------------
 
 
-async def test_bad_tokens_are_refused_at_the_upgrade(tmp_path: Path) -> None:
+def bad_tokens() -> list[tuple[str, str | None, int, str]]:
+    """(name, token, HTTP status, error code) of every way a token for TENANT/RUN is refused."""
     now = time.time()
     good = token("alice")
     payload, _, signature = good.partition(".")
     forged_claims = token("mallory", secret=b"another-secret-0123456789")
-    cases: list[tuple[str, str | None, int, bytes]] = [
-        ("missing", None, 401, b"TOKEN_INVALID"),
-        ("garbage", "not-a-token", 401, b"TOKEN_INVALID"),
-        ("forged signature", f"{payload}.{signature[:-2]}AA", 401, b"TOKEN_INVALID"),
-        ("other secret", forged_claims, 401, b"TOKEN_INVALID"),
-        ("expired", token("alice", exp=now - 1), 401, b"TOKEN_EXPIRED"),
-        ("wrong run", token("alice", run="r2"), 403, b"FORBIDDEN"),
-        ("wrong tenant", token("alice", tenant="t2"), 403, b"FORBIDDEN"),
-        ("prefix of other runs", token("alice", run="r2*"), 403, b"FORBIDDEN"),
+    other_payload = token("alice", run="r2").partition(".")[0]
+    return [
+        ("missing", None, 401, "TOKEN_INVALID"),
+        ("garbage", "not-a-token", 401, "TOKEN_INVALID"),
+        ("forged signature", f"{payload}.{signature[:-2]}AA", 401, "TOKEN_INVALID"),
+        ("other secret", forged_claims, 401, "TOKEN_INVALID"),
+        ("tampered payload", f"{other_payload}.{signature}", 401, "TOKEN_INVALID"),
+        ("expired", token("alice", exp=now - 1), 401, "TOKEN_EXPIRED"),
+        ("wrong run", token("alice", run="r2"), 403, "FORBIDDEN"),
+        ("wrong tenant", token("alice", tenant="t2"), 403, "FORBIDDEN"),
+        ("prefix of other runs", token("alice", run="r2*"), 403, "FORBIDDEN"),
     ]
+
+
+async def test_bad_tokens_are_closed_with_44xx_before_any_document_byte(tmp_path: Path) -> None:
+    """Default (``refuse_with="close"``): the upgrade completes, then the hub closes with
+    4401/4403 and ``"<CODE>: <reason>"`` (final for y-websocket), sending no frame first."""
+    forged_claims = token("mallory", secret=b"another-secret-0123456789")
     async with running_hub(tmp_path) as hub:
-        for name, tok, status, code in cases:
-            with pytest.raises(InvalidStatus) as info:
-                async with connect(hub.url(tok)):
-                    pass
-            assert info.value.response.status_code == status, name
-            assert info.value.response.body.startswith(code), (name, info.value.response.body)
-        # a tampered payload with the original signature
-        other_payload = token("alice", run="r2").partition(".")[0]
-        with pytest.raises(InvalidStatus) as info:
-            async with connect(hub.url(f"{other_payload}.{signature}", run="r2")):
-                pass
-        assert info.value.response.status_code == 401
+        assert hub.hub.refuse_with == "close"
+        for name, tok, status, code in bad_tokens():
+            close_code, reason = await refused(hub.url(tok))
+            assert close_code == 4400 + status - 400, (name, close_code, reason)
+            assert reason.startswith(f"{code}: "), (name, reason)
+        close_code, reason = await refused(
+            hub.url(None), subprotocols=[f"crdtstore.token.{forged_claims}"]
+        )
+        assert (close_code, reason.split(":")[0]) == (CloseCode.UNAUTHORIZED, "TOKEN_INVALID")
         assert hub.hub.loaded_runs() == {}  # nothing was loaded for them
 
         # a prefix token covers the runs it names; the token may also come as a subprotocol
@@ -342,17 +379,35 @@ async def test_bad_tokens_are_refused_at_the_upgrade(tmp_path: Path) -> None:
             await alice.set("k", 1)
             await alice.flush()
         sub = f"crdtstore.token.{token('bob')}"
-        async with connect(hub.url(None), subprotocols=[sub]) as ws:
+        async with connect(hub.url(None), subprotocols=[sub]) as ws:  # type: ignore[list-item]
             assert ws.subprotocol == sub
             assert isinstance(await ws.recv(), bytes)  # the hub's sync step 1
-        with pytest.raises(InvalidStatus) as info:
-            async with connect(
-                hub.url(None),
-                subprotocols=[f"crdtstore.token.{forged_claims}"],
-            ):
-                pass
-        assert info.value.response.status_code == 401
     assert [e.agent for e in await hub.journal()] == ["alice"]
+
+
+async def test_bad_tokens_are_refused_at_the_upgrade_with_refuse_with_http(
+    tmp_path: Path,
+) -> None:
+    forged_claims = token("mallory", secret=b"another-secret-0123456789")
+    async with running_hub(tmp_path, refuse_with="http") as hub:
+        for name, tok, status, code in bad_tokens():
+            got_status, body = await http_refused(hub.url(tok))
+            assert got_status == status, name
+            assert body.startswith(code.encode() + b": "), (name, body)
+        got_status, body = await http_refused(
+            hub.url(None), subprotocols=[f"crdtstore.token.{forged_claims}"]
+        )
+        assert got_status == 401 and body.startswith(b"TOKEN_INVALID")
+        assert hub.hub.loaded_runs() == {}
+        async with hub.peer(token("alice")) as alice:  # a good token is served as usual
+            await alice.set("k", 1)
+            await alice.flush()
+    assert [e.agent for e in await hub.journal()] == ["alice"]
+
+
+def test_refuse_with_must_be_close_or_http(tmp_path: Path) -> None:
+    with pytest.raises(InvalidValue):
+        Hub(f"sqlite:///{tmp_path / 'store.db'}", SECRET, refuse_with="html")  # type: ignore[arg-type]
 
 
 async def test_read_only_connections_cannot_write(tmp_path: Path) -> None:
@@ -494,6 +549,13 @@ def test_the_hub_refuses_to_start_without_a_secret(
     monkeypatch.setenv("CRDTSTORE_SECRET", "short")
     result = runner.invoke(app, ["serve", "--store", f"sqlite:///{tmp_path / 's.db'}"])
     assert result.exit_code == 1
+    assert not (tmp_path / "s.db").exists()
+    monkeypatch.setenv("CRDTSTORE_SECRET", SECRET.decode())
+    result = runner.invoke(
+        app, ["serve", "--store", f"sqlite:///{tmp_path / 's.db'}", "--refuse-with", "html"]
+    )
+    assert result.exit_code == 1
+    assert "--refuse-with" in result.output
     assert not (tmp_path / "s.db").exists()
 
 

@@ -3,7 +3,7 @@
 // (3.x) packages, with `ws` as the WebSocket implementation and broadcast channels disabled.
 //
 //   node client.mjs --server ws://127.0.0.1:8765/<tenant> --run <run> --token <token>
-//                   [--no-connect] [--no-register] [COMMAND_JSON ...]
+//                   [--no-connect] [--no-register] [--stock-close] [COMMAND_JSON ...]
 //
 // The commands given on argv run first, in order; then one command per line is read from
 // stdin until EOF or {"cmd": "exit"}; then the provider is destroyed (its socket closed
@@ -14,7 +14,8 @@
 //   {"event": "sync", "synced": true}
 //   {"event": "connection-close", "code": 4401, "reason": "...", "local": false,
 //    "http_status": 401 | null, "http_body": "TOKEN_EXPIRED: ..." | null}
-//   {"event": "closed", "final": true, "code": ..., "reason": ..., "http_status": ...}
+//   {"event": "closed", "final": true, "code": ..., "reason": ..., "http_status": ...,
+//    "by": "driver" | "y-websocket"}
 //   {"event": "connection-error", "message": "..."}
 //   {"event": "ready", "agent": "..."}                  (agent command: synced, about to write)
 //   {"reply": "<cmd>", "seq": <n>, "ok": true, ...}     one per command, in order
@@ -25,7 +26,12 @@
 // WebSocket opens; `ws` then reports a close with code 1006, which y-websocket would retry for
 // ever, as a browser would: a browser cannot even see the status). On either, the driver
 // calls provider.disconnect() (y-websocket 3.0 retries after any close; 3.1 stops by itself
-// on 4400-4499 only) and reports {"event": "closed"}.
+// on 4400-4499 only) and reports {"event": "closed", "by": "driver"}.
+//
+// --stock-close: none of that. The provider keeps y-websocket's own `shouldReconnect` (final on
+// 4400-4499) and the driver never calls disconnect() on a close: {"event": "closed", "by":
+// "y-websocket"} is reported when the provider itself emits its `closed` event (3.1+), which
+// is what a plain y-websocket application sees. (An HTTP refusal then retries for ever.)
 //
 // Collections. crdtstore keeps a registry map `__crdtstore_collections` in the document:
 // collection name -> "map" | "list" | "text"; the collection itself is the root type of that
@@ -76,7 +82,7 @@ const say = (obj) => { process.stdout.write(JSON.stringify(obj) + '\n') }
 // -- options --------------------------------------------------------------------------------
 
 function parseArgs (argv) {
-  const opts = { server: null, run: null, token: null, connect: true, register: true, commands: [] }
+  const opts = { server: null, run: null, token: null, connect: true, register: true, stockClose: false, commands: [] }
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i]
     if (arg === '--server') opts.server = argv[++i]
@@ -84,6 +90,7 @@ function parseArgs (argv) {
     else if (arg === '--token') opts.token = argv[++i]
     else if (arg === '--no-connect') opts.connect = false
     else if (arg === '--no-register') opts.register = false
+    else if (arg === '--stock-close') opts.stockClose = true
     else if (arg.startsWith('--')) throw new Error(`unknown option ${arg}`)
     else opts.commands.push(JSON.parse(arg))
   }
@@ -137,14 +144,17 @@ const waiters = new Set()
 const pending = new Map() // request id -> resolve
 let nextRequestId = 1
 
-const provider = new WebsocketProvider(opts.server, opts.run, doc, {
+const providerOptions = {
   connect: false,
   params: opts.token ? { token: opts.token } : {},
   WebSocketPolyfill: ReportingWebSocket,
-  disableBc: true,
+  disableBc: true
+}
+if (!opts.stockClose) {
   // y-websocket's default treats 4400-4499 as final; an HTTP 4xx refusal is final too
-  shouldReconnect: (event) => !isFinal(event.code, event.target?.httpRefusal ?? null) // 3.1+
-})
+  providerOptions.shouldReconnect = (event) => !isFinal(event.code, event.target?.httpRefusal ?? null) // 3.1+
+}
+const provider = new WebsocketProvider(opts.server, opts.run, doc, providerOptions)
 
 // crdtstore's extension messages: the hub only sends a response (sub-type 1) to a request.
 provider.messageHandlers[EXTENSION] = (_encoder, decoder) => {
@@ -182,19 +192,27 @@ provider.on('connection-close', (event) => {
     pending.delete(id)
     resolve({ id, error: { code: 'CONNECTION_CLOSED', message: 'the connection closed before the response' } })
   }
-  if (event !== null && isFinal(lastClose.code, refusal)) {
+  if (event !== null && !opts.stockClose && isFinal(lastClose.code, refusal)) {
     // Do not retry. y-websocket 3.1 stops by itself on 4400-4499 (shouldReconnect, above);
     // 3.0 retries after any close, so the app must call disconnect(). Deferred: the provider
     // is still inside its close handler; its retry timer fires 100 ms later at the earliest.
     const close = lastClose
     queueMicrotask(() => {
       provider.disconnect()
-      finalClose = { final: true, ...close }
+      finalClose = { final: true, ...close, by: 'driver' }
       say({ event: 'closed', ...finalClose })
       notify()
     })
   }
   notify()
+})
+provider.on('closed', (event) => { // y-websocket 3.1+: the server's close was final
+  say({ event: 'provider-closed', code: event.code, reason: event.reason })
+  if (opts.stockClose && finalClose === null) {
+    finalClose = { final: true, ...lastClose, by: 'y-websocket' }
+    say({ event: 'closed', ...finalClose })
+    notify()
+  }
 })
 doc.on('update', () => notify())
 
