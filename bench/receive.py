@@ -1,6 +1,7 @@
 """Receiving side of propagation: CPU per remote journal entry, against raw pycrdt.
 
     python bench/receive.py                 # 2,000 entries, both modes
+    python bench/receive.py --quick         # 500 entries
     python bench/receive.py --n 500 --profile   # and a cProfile of the receiver
 
 A writer process (``multiprocessing`` spawn) opens its own store on one ``sqlite:///`` file and
@@ -86,17 +87,29 @@ def receive(url: str, n: int, interval: float, profile: bool) -> tuple[float, in
                 prof.enable()
             c0 = time.process_time()
             with anyio.fail_after(120):
-                async for change in stream:
-                    changes += 1
-                    seen += sum(1 for op in change.ops if op[2] == "set")
-                    if seen >= n:
-                        break
+                async with anyio.create_task_group() as tg:
+
+                    async def watch_writer() -> None:
+                        while proc.is_alive():
+                            await anyio.sleep(0.1)
+                        if proc.exitcode:
+                            raise SystemExit(f"the writer process failed ({proc.exitcode})")
+
+                    tg.start_soon(watch_writer)
+                    async for change in stream:
+                        changes += 1
+                        seen += sum(1 for op in change.ops if op[2] == "set")
+                        if seen >= n:
+                            break
+                    tg.cancel_scope.cancel()
             cpu = time.process_time() - c0
             if prof is not None:
                 import pstats
 
                 prof.disable()
-                pstats.Stats(prof).sort_stats("cumulative").print_stats(30)
+                pstats.Stats(prof).sort_stats("tottime" if interval else "cumulative").print_stats(
+                    30
+                )
             if stream.lost:
                 raise SystemExit(f"lost {stream.lost} changes")
             return cpu, changes
@@ -142,11 +155,14 @@ def raw_baseline(path: Path, per_row: bool) -> tuple[float, int]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=2000, help="entries written")
+    ap.add_argument("--quick", action="store_true", help="500 entries (for run_all.py)")
     ap.add_argument("--interval", type=float, default=0.002, help="paced mode: seconds apart")
     ap.add_argument("--modes", default="paced,catch-up")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--profile", action="store_true", help="print a cProfile of the receiver")
     args = ap.parse_args()
+    if args.quick:
+        args.n = min(args.n, 500)
     header("receive: CPU per received remote entry (single receiving process)", args)
     rows = []
     for mode in args.modes.split(","):
@@ -165,8 +181,14 @@ def main() -> None:
         us, base = median(ours), median(raws)
         rows.append([mode, args.n, fmt(us, "us"), fmt(base, "us"), f"{us / base:.1f}x"])
         Result(
-            "receive", f"cpu_per_entry_{mode}", round(us, 1), "us", round(base, 1),
-            round(us / base, 2), "lower is better", None,
+            "receive",
+            f"cpu_per_entry_{mode}",
+            round(us, 1),
+            "us",
+            round(base, 1),
+            round(us / base, 2),
+            "lower is better",
+            None,
         ).emit()
         print(f"   {mode}: runs {[round(x) for x in ours]} us, raw {[round(x) for x in raws]} us")
     table(["mode", "entries", "crdtstore CPU/entry", "raw sqlite3+pycrdt", "ratio"], rows)

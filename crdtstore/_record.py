@@ -55,6 +55,7 @@ from ._semantics import (
     budgeted,
     check_budget,
     check_effect,
+    check_map_set,
     coerce_schema,
     measure,
     spec_from_declaration,
@@ -516,6 +517,25 @@ class Record:
         """Run the write policies and budgets over a write's effect; return the budget deltas
         to account once it is applied (None when no budgeted collection is touched)."""
         specs = self._specs
+        if len(ops) == 1:  # the usual write: one op, one collection
+            op = ops[0]
+            name = op[1]
+            spec = specs.get(name)
+            if spec is None:  # undeclared: open, no budget
+                return None
+            if spec.policy != "open":
+                check_effect(specs, ops, self.agent, self, conditional=conditional)
+            usage = self._usage.get(name)  # only budgeted collections are there
+            if usage is None:
+                if not budgeted(spec):
+                    return None
+                usage = self._usage_of(name, spec.kind)
+            if usage.sizes is not None:
+                if op[0] == "map" and op[2] == "set":
+                    return [check_map_set(spec, name, usage, op[3], op[4])]
+                return [check_budget(spec, name, usage, ops)]
+            removed_bytes, removed_entries = self._removed(name, spec.kind, ops)
+            return [check_budget(spec, name, usage, ops, removed_bytes, removed_entries)]
         check_effect(specs, ops, self.agent, self, conditional=conditional)
         out: _List[BudgetDelta] | None = None
         for name in (ops[0][1],) if len(ops) == 1 else dict.fromkeys(op[1] for op in ops):
@@ -871,7 +891,7 @@ class Record:
                 scratch.apply_update(self.replica.doc.get_update())
                 try:
                     for update in updates:  # in order, each on top of the ones before
-                        ops = policed(scratch.apply_external(update)[0])
+                        ops = policed(scratch.apply_external(update, checked=True)[0])
                         self._account(self._enforce(ops, conditional=guarded))
                 finally:
                     self._invalidate_all()  # budgets are measured again from the document
@@ -885,7 +905,7 @@ class Record:
                 meta = Meta(self.agent, self.source, _time(), None, self._origin)
                 before = self.replica.doc.get_state()
                 self._invalidate_all()
-                ops, delta = self.replica.apply_external(update, meta)
+                ops, delta = self.replica.apply_external(update, meta, checked=True)
                 if delta is None and self.replica.doc.get_state() == before:
                     seq = await self._journaled_seq(auth, update, client_id)
                     if seq is not None:
@@ -1154,6 +1174,10 @@ class Record:
         for _ in batch:
             pending.popleft()
         self.replica.journaled_many(batch, seqs)
+        if seqs and seqs[0] == self.applied_seq + 1 and seqs[-1] == seqs[0] + len(seqs) - 1:
+            # nothing of another writer's lies before them: the tail, woken by the notify
+            # below, need not read the journal for them (it skips its own entries anyway)
+            self.applied_seq = seqs[-1]
         self._committed += len(batch)
         self._fire_commit()
         self._store._notifier.notify(self.tenant, self._jrun, seqs[-1] if seqs else None)
@@ -1273,6 +1297,12 @@ class Record:
         """
         self._check_writable()
         self.replica.check_update(update)
+        await self._apply_checked(update)
+
+    async def _apply_checked(self, update: bytes) -> None:
+        """:meth:`apply_update` of bytes that passed ``self.replica.check_update`` already
+        (the hub's session checks an update as it arrives: it is not checked again)."""
+        self._check_writable()
         while self._txn_task is not None:
             await self._txn_idle.wait()
         if any(
@@ -1284,11 +1314,11 @@ class Record:
         ):
             scratch = Replica(max_update=self.replica.max_update)
             scratch.apply_update(self.replica.doc.get_update())
-            ops = policed(scratch.apply_external(update, register=True)[0])
+            ops = policed(scratch.apply_external(update, register=True, checked=True)[0])
             self._enforce(ops, conditional=False)
         meta = Meta(self.agent, self.source, now(), None, self._origin)
         self._invalidate_all()
-        ops, delta = self.replica.apply_external(update, meta, register=True)
+        ops, delta = self.replica.apply_external(update, meta, register=True, checked=True)
         # Journal what was given, not only the delta the document reports: pycrdt integrates
         # an update with a clock gap at once but leaves it out of the transaction's update,
         # and every replica must see what this one shows.

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import difflib
+import inspect
 import logging
 import sys
 import time
@@ -191,6 +192,14 @@ def _check_counts(update: bytes) -> None:
     decoder pre-allocates for them (4 bytes claiming 2**28 clients made it allocate about
     500 MiB). A v1 update starts with the number of clients, then per client the number of
     structs: each client and each struct takes at least one byte."""
+    size = len(update)
+    if size >= 2 and update[0] < 0x80 and update[1] < 0x80:
+        # both counts fit in one byte (the usual case): the same checks, without the decoder
+        if update[0] > size - 1:
+            raise InvalidUpdate(f"claims {update[0]} clients in {size} bytes")
+        if update[0] and update[1] > size - 2:
+            raise InvalidUpdate(f"claims {update[1]} structs in {size} bytes")
+        return
     clients, pos = _varuint(update, 0)
     if clients > len(update) - pos:
         raise InvalidUpdate(f"claims {clients} clients in {len(update)} bytes")
@@ -385,6 +394,18 @@ def _collection_name(name: str) -> bool:
     return True
 
 
+# pycrdt's ``observe`` reads the callback's signature (``inspect.signature``: ~20 us, most of
+# what subscribing costs); an effect observer carries it ready-made (one parameter: the event).
+_EVENT_SIGNATURE = inspect.Signature(
+    [inspect.Parameter("event", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+)
+
+
+def _signed(on_event: Callable[[Any], None]) -> Callable[[Any], None]:
+    on_event.__signature__ = _EVENT_SIGNATURE  # type: ignore[attr-defined]
+    return on_event
+
+
 def _map_effect(name: str, ops: list[Op]) -> Callable[[Any], None]:
     def on_event(event: Any) -> None:
         for key, change in event.keys.items():
@@ -393,7 +414,7 @@ def _map_effect(name: str, ops: list[Op]) -> Callable[[Any], None]:
             else:
                 ops.append(["map", name, "set", key, _plain(change.get("newValue"))])
 
-    return on_event
+    return _signed(on_event)
 
 
 def _list_effect(name: str, ops: list[Op]) -> Callable[[Any], None]:
@@ -409,7 +430,7 @@ def _list_effect(name: str, ops: list[Op]) -> Callable[[Any], None]:
             elif "delete" in d:
                 ops.append(["list", name, "del", at, d["delete"]])
 
-    return on_event
+    return _signed(on_event)
 
 
 def _text_effect(
@@ -453,7 +474,7 @@ def _text_effect(
         pieces.append(text_before[char:])
         after[name] = None if embed else ("".join(pieces), size)
 
-    return on_event
+    return _signed(on_event)
 
 
 def _chars_in(text: str, start: int, size: int) -> int:
@@ -492,6 +513,8 @@ class Replica:
         self._texts: dict[str, tuple[str, int]] = {}  # see _texts_cached
         self._texts_at = -1  # self._transactions when self._texts was last right
         self._transactions = 0  # transactions that changed the document
+        self._colls: dict[str, str] = {}  # see collections()
+        self._colls_at = (-1, -1)  # (self._transactions, len(self.registry)) it was right at
         self._txn_cm: Any = None
         self.partial_update: bytes | None = None
         self.doc.observe(self._on_transaction)
@@ -524,7 +547,18 @@ class Replica:
 
     def collections(self) -> dict[str, str]:
         """Registered collections: name -> kind, sorted by name (entries that are not a known
-        kind, which only a foreign or corrupted update can write, are left out)."""
+        kind, which only a foreign or corrupted update can write, are left out).
+
+        Read from the registry again only when a transaction changed the document since the
+        last read (or the registry's size changed: a transaction still open) or
+        :meth:`apply_external` saw its registry change; a new dict every call."""
+        at = (self._transactions, len(self.registry))
+        if at != self._colls_at:
+            self._colls = self._read_collections()
+            self._colls_at = at
+        return dict(self._colls)
+
+    def _read_collections(self) -> dict[str, str]:
         return dict(sorted((str(k), str(v)) for k, v in self.registry.items() if v in KINDS))
 
     def read(self, name: str, kind: str) -> Any:
@@ -765,7 +799,12 @@ class Replica:
             raise InvalidUpdate(f"{type(exc).__name__}: {exc}") from None
 
     def apply_external(
-        self, update: bytes, meta: Meta | None = None, *, register: bool = False
+        self,
+        update: bytes,
+        meta: Meta | None = None,
+        *,
+        register: bool = False,
+        checked: bool = False,
     ) -> tuple[list[Op], bytes | None]:
         """Apply update bytes made outside the typed API; return their effect and the delta the
         document integrated (None if nothing was new), recording ``meta`` as the provenance of
@@ -786,16 +825,29 @@ class Replica:
         (whatever its kind), reserved (``__``), invalid, or whose items show no single kind
         is left alone.
 
+        ``checked``: the caller passed ``update`` through :meth:`check_update` already (with
+        its size limit and trial decode); only the cheap count check is made again.
+
         Raises:
             PayloadTooLarge, InvalidUpdate: see :meth:`check_update`; the doc is unchanged.
         """
         before = self.collections()
         ops: list[Op] = []
-        subs = []
         texts_after: dict[str, tuple[str, int] | None] = {}
         cached = self._texts_cached() if "text" in before.values() else None
+        # the registry is observed too (for this update only, like the collections): when the
+        # update leaves it alone, `before` and the kinds cache stay right after it
+        registry_events: list[Any] = []
+
+        def on_registry(event: Any) -> None:
+            registry_events.append(event)
+
+        subs = [(self.registry, self.registry.observe(_signed(on_registry)))]
+        roots = self._roots
         for name, kind in before.items():
-            root = self.root(name, kind)
+            root = roots.get((name, kind))
+            if root is None:
+                root = self.root(name, kind)  # (the registry gives it this kind: no mismatch)
             if kind == "map":
                 observer = _map_effect(name, ops)
             elif kind == "list":
@@ -811,17 +863,28 @@ class Replica:
         # no enclosing transaction: the events fire when apply_update's own one commits
         self._captured = None
         self._capturing = True
+        kinds = self._kinds
+        self._kinds = {}  # (apply_update empties the cache; it is kept if the registry is)
         try:
-            self.apply_update(update)
+            if checked:
+                self.apply_update(update, trial_decode=False, size_limit=False)
+            else:
+                self.apply_update(update)
         finally:
             self._capturing = False
             for root, sub in subs:
                 root.unobserve(sub)
         delta, self._captured = self._captured, None
-        if register:
-            registered = self._register_roots(update)
-            if registered is not None:
-                delta = registered if delta is None else merge_updates(delta, registered)
+        registered = self._register_roots(update) if register else None
+        if registered is not None:
+            delta = registered if delta is None else merge_updates(delta, registered)
+        if registry_events or registered is not None:
+            now = self.collections()
+        else:  # the registry is as it was: so are the collections and their kinds
+            now = before
+            kinds.update(self._kinds)
+            self._kinds = kinds
+            self._colls_at = (self._transactions, self._colls_at[1])
         if cached is not None:
             for name, after in texts_after.items():
                 if after is None:
@@ -829,7 +892,6 @@ class Replica:
                 else:
                     cached[name] = after
             self._texts_at = self._transactions
-        now = self.collections() if len(self.registry) != len(before) else before
         for name, kind in now.items():
             if name in before:
                 continue
