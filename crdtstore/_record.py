@@ -225,9 +225,10 @@ class Record:
                     await self.flush()
                 except CrdtStoreError as exc:
                     log.error(
-                        "record %s/%s closed with unjournaled writes: %s",
+                        "record %s/%s closed with unjournaled writes (not journaled: %d): %s",
                         self.tenant,
                         self.run,
+                        self._written - self._committed,
                         exc,
                     )
         finally:

@@ -7,10 +7,11 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from importlib.metadata import entry_points
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 from anyio.abc import TaskGroup
@@ -37,6 +38,21 @@ from ._notify import Notifier
 from ._record import READ_CHUNK, Record
 from ._replica import DEFAULT_MAX_UPDATE, BulkLoad, Replica
 from ._semantics import CollectionSpec
+
+log = logging.getLogger("crdtstore.store")
+
+_FEED = 1000  # journal entries a replay applies between two yields to other tasks
+
+DEFAULT_AUTO_COMPACT = 10_000
+"""Journal entries after a run's snapshot that make a record compact the run in the
+background (on the built-in backends; see :func:`open_store`)."""
+
+_SNAPSHOT_BYTES_PER_ENTRY = 1000
+"""Automatic compaction waits for one journal entry per this many bytes of the run's last
+snapshot when that is more than ``auto_compact``: a compaction costs about as much as
+applying the snapshot (~0.1 us per byte measured, bench/README.md), reading a journal entry
+at open 50-120 us, so the journal tail then costs about as much at open as the snapshot,
+and compacting does not grow with the square of the run."""
 
 _BUILTIN: dict[str, Callable[[str], JournalBackend]] = {
     "memory": MemoryJournal,
@@ -88,6 +104,7 @@ def open_store(
     poll_interval: float = 0.25,
     max_update: int = DEFAULT_MAX_UPDATE,
     token: str | None = None,
+    auto_compact: int | Literal["default"] | None = "default",
     **backend_options: Any,
 ) -> Store:
     """Open the store at ``url``: ``memory://[name]``, ``sqlite:///path/store.db``, or a
@@ -107,7 +124,21 @@ def open_store(
         max_update: largest update (bytes) accepted from elsewhere.
         token: the access token of a server backend (``ws://``); over ``ws://`` the token
             also names the writer: records write as its agent and source.
+        auto_compact: when a record of this store has committed entries that leave more than
+            this many journal entries after its run's snapshot, the store compacts the run in
+            the background (:meth:`Store.compact`, journal kept), so that opening the run
+            reads a snapshot plus at most about this many entries (or, once this store made
+            a snapshot of more than ``auto_compact`` KB, one entry per KB of it). None turns
+            it off. The default is ``DEFAULT_AUTO_COMPACT`` (10,000) on ``memory://`` and
+            ``sqlite://`` and off on other backends (``ws://`` compacts on the hub's store).
         backend_options: further options of the URL's backend (see its documentation).
+            ``ws://`` takes ``connect_timeout`` (default 10 s) and ``offline_timeout``
+            (default 30 s): how long a request, and so ``rec.flush()`` and closing a record,
+            waits for the hub (to come back, or to answer) before it gives up with
+            ``BackendError``. **Closing a ``ws://`` record while offline** tries to send what
+            is pending until ``offline_timeout`` has passed, then closes anyway and logs an
+            error naming the record and how many of its writes were not journaled: those
+            are lost to the hub (they were only in this process).
 
     Raises:
         UnsupportedURL: no backend handles the URL's scheme, or the URL is malformed.
@@ -118,6 +149,10 @@ def open_store(
         check_name("tenant", tenant)
     if durability not in ("durable", "batched"):
         raise InvalidValue(f"durability must be 'durable' or 'batched', not {durability!r}")
+    if auto_compact not in ("default", None) and (
+        type(auto_compact) is not int or auto_compact < 1
+    ):
+        raise InvalidValue(f"auto_compact must be a positive int or None, not {auto_compact!r}")
     if token is not None:
         backend_options["token"] = token
     backend = _backend_for(url, **backend_options)
@@ -125,6 +160,9 @@ def open_store(
     if url_tenant is not None and tenant is not None and tenant != url_tenant:
         raise InvalidValue(f"tenant {tenant!r} contradicts the tenant {url_tenant!r} of {url!r}")
     tenant = tenant or url_tenant or "default"
+    if auto_compact == "default":
+        builtin = url.split("://", 1)[0].lower() in _BUILTIN
+        auto_compact = DEFAULT_AUTO_COMPACT if builtin else None
     return Store(
         backend,
         url=url,
@@ -132,6 +170,7 @@ def open_store(
         durability=durability,
         poll_interval=poll_interval,
         max_update=max_update,
+        auto_compact=auto_compact,
     )
 
 
@@ -147,12 +186,18 @@ class Store:
         durability: Durability,
         poll_interval: float,
         max_update: int,
+        auto_compact: int | None = None,
     ) -> None:
         self.url = url
         self.tenant = tenant
         self.durability = durability
         self.poll_interval = poll_interval
         self.max_update = max_update
+        self.auto_compact = auto_compact
+        # runs being compacted in the background, and the snapshot position last seen per run
+        self._compacting: set[str] = set()
+        self._snapshot_at: dict[str, int] = {}
+        self._snapshot_bytes: dict[str, int] = {}  # of the last snapshot this store made
         self._backend = backend
         self._notifier = Notifier(backend.notify_url())
         backend.bind(self._notifier.notify)
@@ -378,31 +423,55 @@ class Store:
         """Rebuild the run's record from its journal up to position ``until`` (inclusive;
         None for all) into a detached replica, for inspection and time travel.
 
-        Starts from the newest snapshot when it does not pass ``until``.
+        Starts from the newest snapshot when it does not pass ``until``. If the journal
+        prefix being read is dropped meanwhile (a compaction with ``drop_journal``, a
+        redaction), the replay starts again from the newer snapshot.
         """
         info = await self.run_info(run)
         target = info.head if until is None else min(until, info.head)
+        for _ in range(3):
+            replica, from_seq, gap = await self._replay_once(run, target, progress)
+            if not gap:
+                break
+            now = await self.run_info(run)
+            if now.snapshot_seq == from_seq or (until is not None and now.snapshot_seq > until):
+                break  # the gap predates this replay (a prefix dropped long ago): as before
+            log.info("journal of %s/%s dropped during replay; replaying again", self.tenant, run)
+            if until is None:
+                target = now.head
+        return replica
+
+    async def _replay_once(
+        self, run: str, target: int, progress: Callable[[int, int], None] | None
+    ) -> tuple[Replica, int, bool]:
+        """One replay; return the replica, the snapshot position it started from and whether
+        the journal had a gap (entries missing between two positions read)."""
         replica = Replica(max_update=self.max_update)
-        seq = 0
+        seq = start = 0
         snap = await self._backend.load_snapshot(self.tenant, run)
         if snap is not None and snap.seq <= target:
             replica.apply_update(
                 snap.update, trial_decode=False, size_limit=False
             )  # our own snapshot
             replica.import_state(snap.state)
-            seq = replica.seq = snap.seq
+            seq = start = replica.seq = snap.seq
+        del snap
         bulk = BulkLoad(replica, run)
+        gap = False
         while seq < target:
             rows = await self._backend.read(self.tenant, run, seq, min(READ_CHUNK, target - seq))
             if not rows:
                 break
-            bulk.feed(rows)
+            gap = gap or rows[0].seq != seq + 1
+            for at in range(0, len(rows), _FEED):  # yield to other tasks between pieces
+                bulk.feed(rows[at : at + _FEED])
+                await anyio.lowlevel.checkpoint()
             seq = replica.seq = rows[-1].seq
             del rows
             if progress is not None:
                 progress(seq, target)
         bulk.finish()
-        return replica
+        return replica, start, gap
 
     async def compact(
         self,
@@ -436,6 +505,48 @@ class Store:
             journal_dropped=drop_journal,
             seconds=time.perf_counter() - started,
         )
+
+    def _after_commit(self, run: str, head: int) -> None:
+        """A record of ``run`` (the journal's run) committed entries up to ``head``: start a
+        background compaction when more than ``auto_compact`` entries (or one per
+        ``_SNAPSHOT_BYTES_PER_ENTRY`` bytes of the last snapshot this store made, if more)
+        follow the snapshot last seen, unless one of this store is already running for it.
+
+        Across processes, a compactor that finds a fresh snapshot does nothing, and saving
+        keeps whichever snapshot covers more (one short write transaction).
+        """
+        limit = self.auto_compact
+        if limit is None or self._state != "open" or run in self._compacting:
+            return
+        limit = max(limit, self._snapshot_bytes.get(run, 0) // _SNAPSHOT_BYTES_PER_ENTRY)
+        if head - self._snapshot_at.get(run, 0) <= limit:
+            return
+        assert self._tg is not None
+        self._compacting.add(run)
+        self._tg.start_soon(self._auto_compact, run, limit, head)
+
+    async def _auto_compact(self, run: str, limit: int, head: int) -> None:
+        try:
+            info = await self.run_info(run)
+            self._snapshot_at[run] = info.snapshot_seq
+            if info.head - info.snapshot_seq > limit:  # else another process compacted it
+                result = await self.compact(run)
+                self._snapshot_at[run] = result.seq
+                self._snapshot_bytes[run] = result.snapshot_bytes
+                log.debug(
+                    "auto-compacted %s/%s up to %d in %.2fs (%d bytes)",
+                    self.tenant,
+                    run,
+                    result.seq,
+                    result.seconds,
+                    result.snapshot_bytes,
+                )
+        except Exception as exc:  # background work must not take the store down
+            # do not retry before another ``limit`` entries
+            self._snapshot_at[run] = max(self._snapshot_at.get(run, 0), head)
+            log.warning("automatic compaction of %s/%s failed: %s", self.tenant, run, exc)
+        finally:
+            self._compacting.discard(run)
 
     async def delete_run(self, run: str) -> bool:
         """Delete every byte of ``run`` and of the runs nested in it (journal, snapshots,

@@ -28,7 +28,17 @@ committer, whose appends wait for the connection (up to ``offline_timeout`` seco
 fail with ``BackendError`` and are retried). After a reconnect the record re-reads the journal
 after the last position it applied: the resync is by journal position, which covers what a
 Yjs state-vector exchange would (every write, the record's and others', is in the journal). An
-append whose answer was lost is sent again; the hub does not journal it twice.
+append whose answer was lost is sent again; the hub does not journal it twice. Reads and
+idempotent requests (opening a record: ``run.ensure``, ``whoami``, the first reads) are sent
+again the same way; other requests (a guarded write, a lease request or release) whose answer
+was lost fail with ``BackendError`` (they may or may not have been done). A connection that
+gives no answer within a request's timeout (a silent network, a stalled hub) counts as lost:
+it is closed and re-opened.
+
+**Closing while offline** (``rec.aclose()``, leaving the store): the record tries to send
+what is pending for up to ``offline_timeout`` seconds, then closes anyway and logs (error,
+logger ``crdtstore.record``) that it closed with unjournaled writes, and how many; those
+writes are lost to the hub. Give ``offline_timeout=`` to ``open_store`` to choose the bound.
 
 **Guarded writes** (``expected_version``, ``based_on``, fenced writes and claims) are made on a
 scratch copy of the document and sent with their guard (``journal.append_guarded``); the hub
@@ -141,7 +151,30 @@ def _run_row(item: Any) -> RunRow:
 
 
 class _ConnectionLost(BackendError):
-    """The connection dropped before the answer came (the request may have been done)."""
+    """The connection dropped before the answer came (the request may have been done).
+    Internal: callers get a plain ``BackendError`` (see :meth:`WsJournal._request`)."""
+
+
+# Ops that may be sent again when the connection drops before their answer: they read, or
+# they are idempotent (run.ensure; a heartbeat renews). The others are not retried here:
+# journal.append has its own retry (the hub does not journal a repeat twice); a guarded
+# write, config.put and lease request/release/cancel fail with BackendError instead.
+_RETRIED = frozenset(
+    {
+        "whoami",
+        "run.ensure",
+        "run.info",
+        "journal.head",
+        "journal.read",
+        "journal.history",
+        "journal.snapshot",
+        "config.get",
+        "lease.status",
+        "lease.check",
+        "lease.heartbeat",
+        "lease.reap",
+    }
+)
 
 
 class _Waiter:
@@ -171,6 +204,7 @@ class _Link:
         self.identity: tuple[str, str] | None = None
         self.read_only = False
         self.connects = 0
+        self._scope: anyio.CancelScope | None = None  # the open connection's session
 
     def _fire(self) -> None:
         old, self.changed = self.changed, anyio.Event()
@@ -221,7 +255,8 @@ class _Link:
                 async with self._connect() as ws:
                     connected = True
                     try:
-                        await self._session(ws)
+                        with anyio.CancelScope() as self._scope:
+                            await self._session(ws)
                     finally:  # also when the store closes: do not leak the socket
                         with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
                             close = getattr(ws, "aclose", None) or ws.close  # trio: aclose
@@ -247,6 +282,7 @@ class _Link:
         self.up.set()
         self._fire()
         self.journal._wake_run(self.run)  # resync: the tail re-reads after what it applied
+        self.journal._leases_changed()  # lease pushes may have been missed while down
         try:
             while True:
                 frame = await ws.recv()
@@ -259,8 +295,11 @@ class _Link:
                     if waiter is not None:
                         waiter.response = message
                         waiter.event.set()
-                elif isinstance(message, Push) and message.push == "head":
-                    self.journal._wake_run(self.run)
+                elif isinstance(message, Push):
+                    if message.push == "head":
+                        self.journal._wake_run(self.run)
+                    elif message.push == "leases":
+                        self.journal._leases_changed()
         except ConnectionClosed as exc:
             rcvd = exc.rcvd
             if rcvd is not None and rcvd.code in _FINAL_CLOSES:
@@ -270,6 +309,13 @@ class _Link:
                 log.info("ws %s/%s: connection lost (%s)", self.journal.tenant, self.run, exc)
         except ProtocolError as exc:
             log.warning("ws %s/%s: %s; reconnecting", self.journal.tenant, self.run, exc)
+
+    def _abort(self, ws: Any) -> None:
+        """Give up on ``ws`` (it did not answer in time): end its session now (its requests
+        fail, ``serve`` closes it and reconnects)."""
+        if self.ws is ws and self._scope is not None:
+            self._scope.cancel()
+            self._down()
 
     def _down(self) -> None:
         self.ws = None
@@ -296,8 +342,13 @@ class _Link:
         self,
         op: str,
         params: dict[str, JsonValue],
-        timeout: float,  # noqa: ASYNC109 - for the connection only, then BackendError
+        timeout: float,  # noqa: ASYNC109 - then BackendError or _ConnectionLost
     ) -> JsonValue:
+        """The result of ``op``: wait up to ``timeout`` seconds for the connection and its
+        answer. A connection that gives no answer in time is treated as lost (it is closed
+        and re-opened: a silent network or a stalled hub, which TCP may not notice for
+        minutes): ``_ConnectionLost``, as for a drop."""
+        deadline = anyio.current_time() + timeout
         await self.ready(timeout)
         ws, session = self.ws, self.session
         assert ws is not None
@@ -307,12 +358,24 @@ class _Link:
         except ProtocolError as exc:
             raise BackendError("ws", str(exc)) from None
         waiter = self.waiters[request.id] = _Waiter()
-        try:
-            await ws.send(frame)
-        except ConnectionClosed:
+        with anyio.move_on_after(max(0.0, deadline - anyio.current_time())) as waiting:
+            try:
+                await ws.send(frame)
+            except ConnectionClosed:
+                self.waiters.pop(request.id, None)
+            else:
+                await waiter.event.wait()
+        if waiting.cancelled_caught:
             self.waiters.pop(request.id, None)
-        else:
-            await waiter.event.wait()
+            log.warning(
+                "ws %s/%s: no answer to %s within %g s; reconnecting",
+                self.journal.tenant,
+                self.run,
+                op,
+                timeout,
+            )
+            self._abort(ws)
+            raise _ConnectionLost("ws", f"no answer from the hub to {op} within {timeout:g} s")
         response = waiter.response
         if response is None:
             with anyio.move_on_after(self.journal.connect_timeout):
@@ -334,9 +397,11 @@ class WsJournal(JournalBackend):
     Args:
         url: the hub and the tenant.
         token: the access token (required); its agent and source write every entry.
-        connect_timeout: seconds to wait for the first connection of a run on opening it.
-        offline_timeout: seconds a request waits for the connection to come back before it
-            fails with ``BackendError`` (the record's committer then retries its appends).
+        connect_timeout: seconds opening a record waits for the connection of its run (and
+            for each answer while it opens).
+        offline_timeout: seconds a request waits for the connection to come back and for
+            its answer before it fails with ``BackendError`` (the record's committer then
+            retries its appends); also the bound on closing a record while offline.
         min_backoff, max_backoff: reconnect delays (doubling from the first to the second).
 
     Raises:
@@ -382,6 +447,7 @@ class WsJournal(JournalBackend):
         self.min_backoff = float(min_backoff)
         self.max_backoff = float(max(max_backoff, min_backoff))
         self._links: dict[str, _Link] = {}
+        self._lease_backends: list[RemoteLeases] = []
         self._tg: TaskGroup | None = None
         self._wake: Callable[[str, str], None] | None = None
         self._state: Literal["new", "open", "closed"] = "new"
@@ -429,9 +495,35 @@ class WsJournal(JournalBackend):
     async def call(
         self, run: str, op: str, params: dict[str, JsonValue] | None = None
     ) -> JsonValue:
-        """The result of the hub's op ``op`` on ``run``'s connection, or its error raised."""
+        """The result of the hub's op ``op`` on ``run``'s connection, or its error raised.
+
+        A dropped connection is waited out (up to ``offline_timeout``) and a read or
+        idempotent op sent again; then ``BackendError``."""
         link = await self._link(self.tenant, run)
-        return await link.call(op, params or {}, self.offline_timeout)
+        return await self._request(link, op, params or {}, self.offline_timeout)
+
+    async def _request(
+        self,
+        link: _Link,
+        op: str,
+        params: dict[str, JsonValue],
+        timeout: float,  # noqa: ASYNC109 - for the connection only, then BackendError
+    ) -> JsonValue:
+        """``link.call``, sent again after a drop while ``timeout`` seconds have not passed
+        (ops in ``_RETRIED`` only). A drop it gives up on raises a plain ``BackendError``."""
+        deadline = anyio.current_time() + timeout
+        while True:
+            try:
+                return await link.call(op, params, max(0.0, deadline - anyio.current_time()))
+            except _ConnectionLost as exc:
+                if op in _RETRIED and anyio.current_time() < deadline:
+                    log.info("ws %s/%s: %s; asking again", self.tenant, link.run, exc)
+                    continue
+                if op in _RETRIED:
+                    raise BackendError(
+                        "ws", f"{exc}; the hub did not come back within {timeout:g} s"
+                    ) from None
+                raise BackendError("ws", f"{exc} (it may or may not have been done)") from None
 
     async def _leases_call(self, op: str, params: dict[str, JsonValue]) -> JsonValue:
         # leases belong to the tenant: any open run's connection carries them
@@ -440,13 +532,20 @@ class WsJournal(JournalBackend):
         raise UnsupportedOperation("ws", "leases", "open a record first: they use its connection")
 
     def lease_backend(self) -> LeaseBackend:
-        """The hub's leases, over the connection of a run this store has open."""
-        return RemoteLeases(self._leases_call)
+        """The hub's leases, over the connection of a run this store has open; its waiters
+        wake on the hub's lease pushes."""
+        leases = RemoteLeases(self._leases_call)
+        self._lease_backends.append(leases)
+        return leases
+
+    def _leases_changed(self) -> None:
+        for leases in self._lease_backends:
+            leases.pushed()
 
     async def identity(self, tenant: str, run: str) -> tuple[str, str]:
         link = await self._link(tenant, run)
         if link.identity is None:
-            claims = await link.call("whoami", {}, self.connect_timeout)
+            claims = await self._request(link, "whoami", {}, self.connect_timeout)
             if not isinstance(claims, dict):
                 raise BackendError("ws", f"malformed whoami answer {claims!r}")
             link.identity = (str(claims.get("agent")), str(claims.get("source", "model")))
@@ -466,7 +565,8 @@ class WsJournal(JournalBackend):
             raise UnsupportedOperation("ws", "nested runs")
         link = await self._link(tenant, run)
         await link.ready(self.connect_timeout)
-        return _run_row(await link.call("run.ensure", {"create": create}, self.connect_timeout))
+        got = await self._request(link, "run.ensure", {"create": create}, self.connect_timeout)
+        return _run_row(got)
 
     async def get_run(self, tenant: str, run: str) -> RunRow | None:
         await self._link(tenant, run)
@@ -524,9 +624,11 @@ class WsJournal(JournalBackend):
                     max(0.0, deadline - anyio.current_time()),
                 )
                 break
-            except _ConnectionLost:
+            except _ConnectionLost as exc:
                 if anyio.current_time() >= deadline:
-                    raise
+                    raise BackendError(
+                        "ws", f"{exc}; the hub did not come back within {self.offline_timeout:g} s"
+                    ) from None
         if not isinstance(got, list) or len(got) != len(chunk):
             raise BackendError("ws", f"malformed journal.append answer {got!r}")
         return [int(s) for s in got]  # type: ignore[arg-type]

@@ -961,7 +961,7 @@ class Hub:
         assert rec is not None
         token = _CURRENT.set(conn)
         try:
-            await rec.apply_update(update)
+            await rec._apply_checked(update)  # (the session's document checked the bytes)
         except (PolicyViolation, BudgetExceeded) as exc:
             conn.send(encode(PermissionDenied(f"{exc.code}: {exc}")))
             conn.close(CloseCode.INVALID_UPDATE, f"{exc.code}: {exc}")

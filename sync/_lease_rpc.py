@@ -19,10 +19,12 @@ the hub. What differs from an embedded backend (see :mod:`sync._ops_leases`):
 - of ``proc`` only the pid is sent (a label in ``status``): the hub attaches the request to
   the connection, and a remote holder lapses by its TTL only (never "provably dead"), also
   when its connection closes;
-- a waiter is woken at once only by releases made through this backend (``on_change`` fires
-  after them); the hub does not push other clients' releases, so otherwise a waiter re-checks
-  at its heartbeat (``ttl/3``), at the earliest deadline ahead of it (``wake_in``), or after
-  the lease layer's fallback poll (2 s), whichever comes first.
+- a waiter is woken at once by releases made through this backend (``on_change`` fires
+  after them) and by the hub's lease push (``{"push": "leases"}``, sent on every lease change
+  the hub's store sees: other clients' releases, embedded processes' on the same SQLite
+  file, reaps), which the transport passes to :meth:`RemoteLeases.pushed`. A push is a hint:
+  if one is lost, a waiter still re-checks at its heartbeat (``ttl/3``), at the earliest
+  deadline ahead of it (``wake_in``), or after the lease layer's fallback poll (2 s).
 
 ``call`` is the transport (bound by the ``ws://`` provider to its connection): it sends the
 request and returns the response's ``result``, or raises the crdtstore error the hub answered
@@ -90,6 +92,12 @@ class RemoteLeases(LeaseBackend):
         # a removal may have granted a waiter of this store: wake its waiters now
         if self.on_change is not None:
             self.on_change()
+
+    def pushed(self) -> None:
+        """The hub says the tenant's leases changed: wake this store's waiters (they ask the
+        hub again)."""
+        if not self._closed:
+            self._changed()
 
     async def _do(self, op: str, params: dict[str, JsonValue]) -> JsonValue:
         if self._closed:

@@ -267,7 +267,7 @@ class Response(BaseModel):
 
 class Push(BaseModel):
     """An unasked notice from the hub to a crdtstore client: ``push`` says what (``head``:
-    the run's journal head moved to ``seq``)."""
+    the run's journal head moved to ``seq``; ``leases``: the tenant's leases changed)."""
 
     model_config = _MODEL_CONFIG
 

@@ -3,7 +3,8 @@
 A crdtstore client (a connection that chose the ``crdtstore`` subprotocol) does not take part
 in the Yjs sync exchange: its record tails the run's journal through ``journal.read``, with
 the hub's journal positions, so versions agree everywhere, and it writes through
-``journal.append``. The hub tells it when the journal head moves (:func:`push_heads`), and
+``journal.append``. The hub tells it when the journal head moves (:func:`push_heads`) and when
+the tenant's leases change (:func:`push_leases`, which wakes remote lease waiters), and
 sends it no Yjs updates (their content may not be journaled yet).
 
 Every op acts on the connection's run only. Bytes travel base64 (standard alphabet) in the
@@ -36,6 +37,10 @@ client it names, which Yjs's unauthenticated client ids allow anyway). An append
 was lost may be sent again: bytes the record already holds, journaled recently by the same
 client id, are not journaled twice (the position of the entry holding them is answered).
 
+**A fence must be the writer's own lease.** ``fence`` names a lease granted to the token's
+agent; a lease of another agent (lease ids are visible in ``lease.status``, tokens are small
+ints) is refused with the ``LeaseLost`` an unknown lease gets, and nothing is journaled.
+
 ``config.put`` may only add collection declarations (the first declaration of a name wins):
 every other key, and every existing declaration, must stay as it is; anything else is
 refused with ``POLICY_VIOLATION`` (a client must not lift the run's policies).
@@ -57,6 +62,7 @@ from pydantic import JsonValue
 
 from crdtstore import InvalidValue, PolicyViolation, StaleVersion
 from crdtstore._journal import Row, RunRow
+from crdtstore._leases._engine import fence_error
 
 from ._messages import Push, Update, encode
 from ._ops import OpContext, op
@@ -64,7 +70,7 @@ from ._ops import OpContext, op
 if TYPE_CHECKING:
     from ._hub import _Conn
 
-__all__ = ["push_heads", "row_to_json"]
+__all__ = ["push_heads", "push_leases", "row_to_json"]
 
 MAX_READ = 1000
 MAX_READ_BYTES = 4 * 1024 * 1024
@@ -271,16 +277,31 @@ def _triple(value: JsonValue, what: str, types: Sequence[type]) -> tuple[Any, ..
     return tuple(value)
 
 
+async def _check_fence_owner(ctx: OpContext, fence: tuple[Any, ...]) -> None:
+    """Refuse a fence naming a lease that is not a grant of the token's agent, with the very
+    error a lease that does not exist gets (it tells nothing about another agent's lease).
+
+    The owner of a lease id never changes, so checking it before the write's transaction is
+    sound; the transaction then checks the grant, the resource, the token and the TTL.
+    """
+    lease_id, token, resource = fence
+    status = await ctx.store.leases.backend.status(ctx.tenant)
+    if not any(h.lease_id == lease_id and h.owner == ctx.claims.agent for h in status.holders):
+        err = fence_error(None, resource, token, 0.0, "")
+        assert err is not None
+        raise err
+
+
 @op("journal.append_guarded", write=True)
 async def _journal_append_guarded(ctx: OpContext, params: dict[str, JsonValue]) -> JsonValue:
     update, client_id = _entry(params.get("entry"))
+    expected = _triple(params.get("expected"), "expected", (str, str, int))
+    based_on = _triple(params.get("based_on"), "based_on", (str, int))
+    fence = _triple(params.get("fence"), "fence", (str, int, str))
+    if fence is not None:
+        await _check_fence_owner(ctx, fence)
     (seq,) = await _append(
-        ctx,
-        [update],
-        client_id,
-        expected=_triple(params.get("expected"), "expected", (str, str, int)),
-        based_on=_triple(params.get("based_on"), "based_on", (str, int)),
-        fence=_triple(params.get("fence"), "fence", (str, int, str)),
+        ctx, [update], client_id, expected=expected, based_on=based_on, fence=fence
     )
     return seq
 
@@ -311,3 +332,23 @@ async def push_heads(conn: _Conn) -> None:
             last = head
     finally:
         store._notifier.unwatch(tenant, run)
+
+
+async def push_leases(conn: _Conn) -> None:
+    """Send ``conn`` (a crdtstore client) ``{"push": "leases"}`` on every change of its tenant's
+    leases that the hub's store sees, until cancelled: a grant, release, cancel or reap made
+    through this hub (by any of its connections), or committed by another process on the
+    same SQLite file (its notifier's datagram). A remote waiter then asks again at once
+    instead of at its next heartbeat. Only a hint: a lost push delays a waiter, never more."""
+    from crdtstore._leases._api import WAKE_KEY
+
+    rec = conn.room.rec
+    assert rec is not None
+    notifier, tenant = rec._store._notifier, conn.room.tenant
+    watch = notifier.watch(WAKE_KEY, tenant)
+    try:
+        while True:
+            await watch.event.wait()
+            conn.send(encode(Push(push="leases")))
+    finally:
+        notifier.unwatch(WAKE_KEY, tenant)

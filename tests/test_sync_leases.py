@@ -853,6 +853,42 @@ async def test_a_fenced_write_through_the_ws_store_needs_the_lease(tmp_path: Pat
                 await lease.release()
 
 
+async def test_a_fenced_write_with_another_agent_s_lease_is_refused(tmp_path: Path) -> None:
+    async with (
+        hub_thread(tmp_path / "s.db") as hub,
+        ws_record(hub, "alice") as (alice_store, alice),
+        ws_record(hub, "bob") as (_, bob),
+        open_store(hub.store_url, tenant=TENANT) as local,
+    ):
+        with anyio.fail_after(DEADLINE):
+            lease = await alice_store.lease(["src/a.py"], ttl=5.0).acquire()
+            await alice.map("files").set("src/a.py", "v1", lease=lease)
+            await alice.flush()
+            await until_ws(lambda: bob.map("files").get("src/a.py") == "v1")
+            before = await local.journal(RUN)
+            # bob read alice's lease id and token (lease.status shows them) and forges a fence
+            with pytest.raises(LeaseLost) as forged:
+                await bob.map("files").set("src/a.py", "bob's", lease=lease)
+            assert await local.journal(RUN) == before, "nothing is journaled"
+            assert bob.map("files").get("src/a.py") == "v1"
+            # the refusal says no more than a lease that does not exist gets
+            ghost = SimpleNamespace(lease_id="0" * 32, token=lease.token, resources=lease.resources)
+            with pytest.raises(LeaseLost) as unknown:
+                await bob.map("files").set("src/a.py", "bob's", lease=cast(Any, ghost))
+            assert str(forged.value) == str(unknown.value)
+            assert forged.value.to_dict() == unknown.value.to_dict()
+            # the owner's own fenced write still goes
+            await alice.map("files").set("src/a.py", "v2", lease=lease)
+            await lease.release()
+        assert [e.agent for e in await local.journal(RUN)] == ["alice", "alice"]
+
+
+async def until_ws(predicate: Callable[[], bool]) -> None:
+    with anyio.fail_after(DEADLINE):
+        while not predicate():
+            await anyio.sleep(0.005)
+
+
 async def test_store_lease_through_the_ws_store_renews_and_hands_off(tmp_path: Path) -> None:
     ttl = 0.5
     async with (
@@ -885,6 +921,96 @@ async def test_store_lease_through_the_ws_store_renews_and_hands_off(tmp_path: P
             assert waiter.token > held.token
             await waiter.release()
         assert handed_after < 1.0, handed_after
+
+
+async def _handed_after(waiter_store: Store, release: Callable[[], Any]) -> float:
+    """Seconds from ``release()`` until a waiter of ``waiter_store`` that queued behind the
+    holder is granted (from the ``time.monotonic()`` that ``release()`` returns, if any:
+    another process's release time; CLOCK_MONOTONIC is the host's)."""
+    got = anyio.Event()
+    # a TTL whose heartbeat (ttl/3) is far off: only a wake-up or the 2 s poll can hand off
+    waiter = waiter_store.lease(["src/a.py"], ttl=30.0)
+    async with anyio.create_task_group() as tg:
+
+        async def wait_for_it() -> None:
+            await waiter.acquire()
+            got.set()
+
+        tg.start_soon(wait_for_it)
+
+        async def queued() -> bool:
+            return len((await waiter_store.leases.status()).waiters) == 1
+
+        await wait_for(queued, "the waiter queues")
+        released_at = time.monotonic()
+        when = await release()
+        with anyio.fail_after(DEADLINE):
+            await got.wait()
+        handed = time.monotonic() - (released_at if when is None else when)
+        await waiter.release()
+    return handed
+
+
+async def test_the_hub_pushes_lease_changes_to_remote_waiters(tmp_path: Path) -> None:
+    async with (
+        hub_thread(tmp_path / "s.db") as hub,
+        ws_record(hub, "alice") as (alice, _),
+        ws_record(hub, "bob") as (bob, _),
+        open_store(hub.store_url, tenant=TENANT) as local,
+    ):
+        # released by another ws client
+        held = await alice.lease(["src/a.py"], ttl=30.0).acquire()
+        by_ws = await _handed_after(bob, held.release)
+        # released by an embedded store on the hub's SQLite file (its own notifier socket:
+        # the hub learns of it by the cross-process datagram, as from another process)
+        held = await local.lease(["src/a.py"], ttl=30.0).acquire()
+        by_embedded = await _handed_after(bob, held.release)
+        # released by another process with the SQLite file open
+        args = [sys.executable, "-c", _EMBEDDED_HOLDER, hub.store_url, TENANT]
+        async with (
+            await anyio.open_process(args) as proc,
+            contextlib.aclosing(_lines(proc.stdout)) as lines,
+        ):
+            assert proc.stdin is not None
+            with anyio.fail_after(DEADLINE):
+                assert await anext(lines) == "held"
+
+            async def release_there() -> float:
+                assert proc.stdin is not None
+                await proc.stdin.send(b"release\n")
+                with anyio.fail_after(DEADLINE):
+                    return float(await anext(lines))
+
+            by_process = await _handed_after(bob, release_there)
+            await proc.wait()
+    assert by_ws < 0.5, by_ws
+    assert by_embedded < 0.5, by_embedded
+    assert by_process < 0.5, by_process
+
+
+_EMBEDDED_HOLDER = """
+import sys, time, anyio
+from crdtstore import open_store
+
+async def main(url, tenant):
+    async with open_store(url, tenant=tenant) as store:
+        lease = await store.lease(["src/a.py"], ttl=30.0).acquire()
+        print("held", flush=True)
+        await anyio.to_thread.run_sync(sys.stdin.readline)
+        await lease.release()
+        print(time.monotonic(), flush=True)
+
+anyio.run(main, sys.argv[1], sys.argv[2])
+"""
+
+
+async def _lines(stream: Any) -> AsyncIterator[str]:
+    buf = b""
+    async for chunk in stream:
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            yield line.decode()
 
 
 # -- the model test of the lease backends, through the ops ----------------------------------
