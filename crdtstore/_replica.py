@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import difflib
 import inspect
+import json
 import logging
 import sys
 import time
@@ -549,9 +550,10 @@ class Replica:
         """Registered collections: name -> kind, sorted by name (entries that are not a known
         kind, which only a foreign or corrupted update can write, are left out).
 
-        Read from the registry again only when a transaction changed the document since the
-        last read (or the registry's size changed: a transaction still open) or
-        :meth:`apply_external` saw its registry change; a new dict every call."""
+        Cached: read from the registry again once a transaction changed the document since
+        (or, inside a transaction still open, once the registry's size changed);
+        :meth:`apply_external` keeps it across an update that leaves the registry alone. A
+        new dict every call."""
         at = (self._transactions, len(self.registry))
         if at != self._colls_at:
             self._colls = self._read_collections()
@@ -831,7 +833,9 @@ class Replica:
         Raises:
             PayloadTooLarge, InvalidUpdate: see :meth:`check_update`; the doc is unchanged.
         """
-        before = self.collections()
+        # (outside any transaction, as always here: no transaction since the cache was
+        # made means no change to the registry since, without asking its size)
+        before = self._colls if self._colls_at[0] == self._transactions else self.collections()
         ops: list[Op] = []
         texts_after: dict[str, tuple[str, int] | None] = {}
         cached = self._texts_cached() if "text" in before.values() else None
@@ -884,7 +888,7 @@ class Replica:
             now = before
             kinds.update(self._kinds)
             self._kinds = kinds
-            self._colls_at = (self._transactions, self._colls_at[1])
+            self._colls, self._colls_at = before, (self._transactions, self._colls_at[1])
         if cached is not None:
             for name, after in texts_after.items():
                 if after is None:
@@ -1325,15 +1329,15 @@ class BulkLoad:
                 root = replica.root(name, "map")
             except CollectionKindMismatch:
                 continue
+            get: Callable[[str, Any], Any] = root.get
             if len(keyed) * 4 >= len(root):  # most of the map: read it in one call
-                values = dict(root.items())
-                get = values.get
-            else:
-                get = root.get
+                try:
+                    get = json.loads(str(root)).get  # (its JSON: far cheaper than items())
+                except ValueError:
+                    get = dict(root.items()).get
             index = replica.index.setdefault(name, {})
             for key, held in keyed:
                 current = get(key, _ABSENT)
-                value = None if current is _ABSENT else from_stored(current)
                 writes = (
                     sorted(held.values(), key=lambda w: w[0], reverse=True)
                     if isinstance(held, dict)
@@ -1341,16 +1345,26 @@ class BulkLoad:
                 )
                 for write in writes:
                     op = write[1]
+                    # (== compares 1.0 and 1 equal, as from_stored would make them)
                     if (current is _ABSENT and op[2] != "set") or (
-                        current is not _ABSENT and op[2] == "set" and from_stored(op[4]) == value
+                        current is not _ABSENT and op[2] == "set" and op[4] == current
                     ):
                         index[key] = write[0]
                         winners[write[0]] = write
                         break
                 # no write matched: a write from before these entries is still current
+        table = replica.table
+        tseqs, walls, who, names = table.seqs, table.walls, table.who, table.names
         for seq in sorted(winners):  # in journal order: the table appends
             _, _, agent, source, wall, origin, _ = winners[seq]
-            replica._remember(seq, agent, source, wall, origin)
+            if tseqs and seq <= tseqs[-1]:
+                table.add(seq, agent, source, wall, origin)
+            else:  # the usual case (as in Replica.journaled_many)
+                tseqs.append(seq)
+                walls.append(wall)
+                who.append(names(agent, source, origin))
+        if len(tseqs) > table.sweep_at:
+            table.keep(replica._live_seqs())
         if winners:
             replica._settle()
 

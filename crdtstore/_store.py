@@ -198,6 +198,7 @@ class Store:
         self._compacting: set[str] = set()
         self._snapshot_at: dict[str, int] = {}
         self._snapshot_bytes: dict[str, int] = {}  # of the last snapshot this store made
+        self._head_seen: dict[str, int] = {}  # highest position its records committed
         self._backend = backend
         self._notifier = Notifier(backend.notify_url())
         backend.bind(self._notifier.notify)
@@ -516,7 +517,11 @@ class Store:
         keeps whichever snapshot covers more (one short write transaction).
         """
         limit = self.auto_compact
-        if limit is None or self._state != "open" or run in self._compacting:
+        if limit is None:
+            return
+        if head > self._head_seen.get(run, 0):
+            self._head_seen[run] = head
+        if self._state != "open" or run in self._compacting:
             return
         limit = max(limit, self._snapshot_bytes.get(run, 0) // _SNAPSHOT_BYTES_PER_ENTRY)
         if head - self._snapshot_at.get(run, 0) <= limit:
@@ -526,6 +531,7 @@ class Store:
         self._tg.start_soon(self._auto_compact, run, limit, head)
 
     async def _auto_compact(self, run: str, limit: int, head: int) -> None:
+        done = False
         try:
             info = await self.run_info(run)
             self._snapshot_at[run] = info.snapshot_seq
@@ -541,12 +547,15 @@ class Store:
                     result.seconds,
                     result.snapshot_bytes,
                 )
+                done = True
         except Exception as exc:  # background work must not take the store down
             # do not retry before another ``limit`` entries
             self._snapshot_at[run] = max(self._snapshot_at.get(run, 0), head)
             log.warning("automatic compaction of %s/%s failed: %s", self.tenant, run, exc)
         finally:
             self._compacting.discard(run)
+        if done:  # entries committed while it ran may call for the next one already
+            self._after_commit(run, self._head_seen.get(run, 0))
 
     async def delete_run(self, run: str) -> bool:
         """Delete every byte of ``run`` and of the runs nested in it (journal, snapshots,
