@@ -19,6 +19,14 @@ On a loaded machine the best-of-N runs of the two sides meet different load. The
 (``--slices``, on by default) interleaves finely instead: slices of 500 raw writes and 500
 record writes (each record slice ends with ``flush()``) alternate in one process, and the
 ratio is of the CPU time summed over all slices of each side, so both sides see the same load.
+
+``--long N`` instead makes N single sets through one record (no raw side) and prints the CPU
+time per write with what the cyclic GC did meanwhile: full collections, their CPU time and the
+growth in GC-tracked objects (the memory journal keeps old rows packed and untracked).
+
+``--no-auto-compact`` opens the store with ``auto_compact=None``: the write path alone, without
+the background compactions that the default store runs every 10,000 entries (on memory:// in
+the same process, so their CPU time counts on the record's side).
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ import crdtstore
 
 TARGET = 0.5
 BATCH = 1000
+STORE_OPTIONS: dict[str, Any] = {}  # open_store options (--no-auto-compact)
 
 
 def raw_pycrdt(n: int, batch: int) -> tuple[float, float]:
@@ -67,7 +76,7 @@ async def _with_record(
     n: int, body: Callable[[crdtstore.Record, int], Awaitable[None]]
 ) -> tuple[float, float]:
     async with (
-        crdtstore.open_store("memory://") as store,
+        crdtstore.open_store("memory://", **STORE_OPTIONS) as store,
         store.open_record("bench", "writer", "tool") as rec,
     ):
         rec.map("m")  # resolve the collection outside the timed part, as raw does
@@ -92,7 +101,7 @@ async def interleaved(slices: int) -> tuple[float, float]:
     doc.observe(lambda event: updates.append(event.update))
     raw1 = rec1 = raw_t = rec_t = 0.0
     async with (
-        crdtstore.open_store("memory://") as store,
+        crdtstore.open_store("memory://", **STORE_OPTIONS) as store,
         store.open_record("bench", "writer", "tool") as rec,
     ):
         rm = rec.map("m")
@@ -121,6 +130,41 @@ async def interleaved(slices: int) -> tuple[float, float]:
             await rec.flush()
             rec_t += time.process_time() - c
     return raw1 / rec1, raw_t / rec_t
+
+
+async def long_run(n: int) -> None:
+    """``--long``: n single sets, CPU per write and full (generation 2) collections."""
+    full = [0, 0.0, 0.0]  # count, CPU seconds, start of the current one
+
+    def on_gc(phase: str, info: dict[str, Any]) -> None:
+        if info["generation"] == 2:
+            if phase == "start":
+                full[2] = time.process_time()
+            else:
+                full[0] += 1
+                full[1] += time.process_time() - full[2]
+
+    async with (
+        crdtstore.open_store("memory://", **STORE_OPTIONS) as store,
+        store.open_record("bench", "writer", "tool") as rec,
+    ):
+        m = rec.map("m")
+        gc.collect()
+        tracked = len(gc.get_objects())
+        gc.callbacks.append(on_gc)
+        try:
+            c0 = time.process_time()
+            for i in range(n):
+                await m.set(f"k{i}", i)
+            await rec.flush()
+            cpu = time.process_time() - c0
+        finally:
+            gc.callbacks.remove(on_gc)
+        grown = len(gc.get_objects()) - tracked
+    print(
+        f"{n:,} single sets: {cpu / n * 1e6:.2f} us CPU per write; {full[0]} full GC"
+        f" collections, {full[1]:.3f} s CPU; GC-tracked objects grew by {grown:,}"
+    )
 
 
 async def rec_single(rec: crdtstore.Record, n: int) -> None:
@@ -152,7 +196,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--slices", type=int, default=None, help="interleaved slices of 500 (default n/500)"
     )
+    ap.add_argument(
+        "--no-auto-compact",
+        action="store_true",
+        help="open the store with auto_compact=None (the write path alone)",
+    )
+    ap.add_argument("--long", type=int, default=0, help="only N single sets, with GC figures")
     args = ap.parse_args(argv)
+    if args.no_auto_compact:
+        STORE_OPTIONS["auto_compact"] = None
+    if args.long:
+        anyio.run(long_run, args.long, backend=args.backend)
+        return 0
     n = args.n or (20_000 if args.quick else 100_000)
     repeats = args.repeats or (3 if args.quick else 5)
     header("local_write: record on memory:// vs raw pycrdt with update capture", args)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator, Mapping
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
@@ -154,15 +155,20 @@ class MapCollection(_Collection):
             LeaseLost: (fenced) the lease is gone, superseded or does not cover the key.
         """
         check_key(key)
-        stored = self._in(key, value)
-        root = self._root
-
-        def apply() -> None:
-            root[key] = stored
-
-        ops: list[Op] = [["map", self.name, "set", key, stored]]
+        rec = self._rec
+        name = self.name
+        # (what _in does, inlined: this is the hot path of a local write)
+        model = self._model or rec._models.get(name)
+        if model is not None:
+            value = validate_value(None, model, name, key, value)
+        stored = to_stored(value)
+        apply = partial(self._root.__setitem__, key, stored)  # no Python frame of its own
+        ops: list[Op] = [["map", name, "set", key, stored]]
         if expected_version is None and based_on is None and lease is None:
-            await self._rec._write(ops, apply)
+            if rec._txn_task is not None:
+                await rec._write(ops, apply)
+            elif rec._write_now(ops, apply):  # the hot path: no second coroutine
+                await rec._after_write()
         else:
             await self._rec._write_guarded(
                 self.name,

@@ -308,6 +308,27 @@ def check_budget(
     return usage, add_entries, add_bytes, changed
 
 
+def check_map_set(
+    spec: CollectionSpec, name: str, usage: Budget, key: str, value: Any
+) -> BudgetDelta:
+    """:func:`check_budget` for an effect that is one ``set`` of ``key`` in map ``name``
+    whose ``usage`` has per-key sizes (the usual declared write), without its loop."""
+    sizes = usage.sizes
+    assert sizes is not None
+    size = value_size(value)
+    max_value = spec.max_value_bytes
+    if max_value is not None and size > max_value:
+        raise BudgetExceeded(name, "value bytes", 0, size, max_value)
+    old = sizes.get(key)
+    add_entries = 1 if old is None else 0
+    add_bytes = size if old is None else size - old
+    if add_entries and spec.max_entries is not None and usage.entries + 1 > spec.max_entries:
+        raise BudgetExceeded(name, "entries", usage.entries, 1, spec.max_entries)
+    if spec.max_bytes is not None and add_bytes > 0 and usage.bytes + add_bytes > spec.max_bytes:
+        raise BudgetExceeded(name, "bytes", usage.bytes, add_bytes, spec.max_bytes)
+    return usage, add_entries, add_bytes, {key: size}
+
+
 def apply_budgets(deltas: Iterable[BudgetDelta]) -> None:
     """Account an applied effect's :func:`check_budget` deltas in their budgets."""
     for usage, add_entries, add_bytes, changed in deltas:

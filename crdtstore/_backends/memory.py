@@ -3,12 +3,20 @@
 ``memory://`` opens a private, empty store; ``memory://NAME`` opens the store of that name
 shared by every ``open_store`` call of this process (handy in notebooks and tests).
 Nothing survives the process.
+
+The newest rows (about a thousand) are kept as :class:`Row` objects, so that a record tailing
+its own writes (the usual reader) gets them without decoding anything; older rows are packed by
+blocks of 512 into one ``marshal`` blob each and decoded again when read. A long run's journal
+is then a few untracked bytes objects instead of several GC-tracked containers per row (a Row
+and the lists of its effect), which every full collection of the cyclic GC would rescan.
 """
 
 from __future__ import annotations
 
 import copy
+import marshal
 import time
+from bisect import bisect_right
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -19,11 +27,44 @@ import anyio
 from .._errors import InvalidValue, RunClosed, UnknownRun
 from .._journal import Authority, JournalBackend, NewEntry, Row, RunRow, SnapshotRow
 
+_tuple_new = tuple.__new__
+_dumps = marshal.dumps
+_loads = marshal.loads
+
+_RECENT = 1024  # newest rows kept as Row objects (between _RECENT and _RECENT + _BLOCK)
+_BLOCK = 512  # older rows: packed by blocks of this many
+
+# A block of consecutive rows: (first seq, last seq, the rows as plain tuples in one marshal
+# blob), or, if marshal cannot hold them (values that are not JSON-like builtins, which
+# crdtstore never journals), the Row objects themselves.
+_Block = tuple[int, int, Any]
+
+
+def _pack_block(rows: list[Row]) -> _Block:
+    blob: Any
+    try:
+        blob = _dumps([tuple(r) for r in rows])  # (its references share repeated strings)
+    except ValueError:
+        blob = list(rows)
+    return (rows[0].seq, rows[-1].seq, blob)
+
+
+def _unpack_block(block: _Block) -> list[Row]:
+    blob = block[2]
+    if type(blob) is not bytes:
+        return list(blob)
+    return [_tuple_new(Row, t) for t in _loads(blob)]
+
+
+def _block_last(block: _Block) -> int:
+    return block[1]
+
 
 @dataclass
 class _Run:
     created: float
-    rows: list[Row] = field(default_factory=list)
+    blocks: list[_Block] = field(default_factory=list)  # older rows, oldest first
+    recent: list[Row] = field(default_factory=list)  # the newest rows, after the blocks
     head: int = 0
     snapshot: SnapshotRow | None = None
     config: dict[str, Any] = field(default_factory=dict)
@@ -31,6 +72,30 @@ class _Run:
     parent: str | None = None
     state: str = "open"
     delete_after: float | None = None
+
+    @property
+    def rows(self) -> list[Row]:
+        """Every kept row, oldest first (the packed ones decoded afresh)."""
+        out: list[Row] = []
+        for block in self.blocks:
+            out.extend(_unpack_block(block))
+        out.extend(self.recent)
+        return out
+
+    def set_rows(self, rows: list[Row]) -> None:
+        self.blocks = []
+        self.recent = list(rows)
+        self.pack()
+
+    def pack(self) -> None:
+        """Move the oldest of the recent rows into blocks, keeping at least ``_RECENT``."""
+        recent = self.recent
+        n = (len(recent) - _RECENT) // _BLOCK * _BLOCK
+        if n <= 0:
+            return
+        for at in range(0, n, _BLOCK):
+            self.blocks.append(_pack_block(recent[at : at + _BLOCK]))
+        del recent[:n]
 
 
 class _MemoryAuthority(Authority):
@@ -140,21 +205,36 @@ class MemoryJournal(JournalBackend):
         if r.state != "open":
             raise RunClosed(tenant, run, r.state)
         seqs = []
+        recent = r.recent
+        head = r.head
         for e in entries:
-            r.head += 1
-            r.rows.append(Row(r.head, *e))
-            seqs.append(r.head)
+            head += 1
+            recent.append(_tuple_new(Row, (head, *e)))
+            seqs.append(head)
+        r.head = head
+        if len(recent) >= _RECENT + _BLOCK:
+            r.pack()
         return seqs
 
     async def read(
         self, tenant: str, run: str, after: int, limit: int = 10_000, *, skip_client: int = -1
     ) -> list[Row]:
-        rows = self._run(tenant, run).rows
-        if not rows or rows[-1].seq <= after:
-            return []
-        # seqs are dense from the first kept row on, so the start index is arithmetic
-        start = max(0, after - rows[0].seq + 1)
-        return rows[start : start + limit]
+        r = self._run(tenant, run)
+        recent = r.recent
+        if recent and recent[0].seq <= after + 1:  # the usual tail read: nothing to decode
+            if recent[-1].seq <= after:
+                return []
+            start = after + 1 - recent[0].seq
+            return recent[start : start + limit]
+        # an older position: decode the blocks from the one holding after + 1 on
+        blocks = r.blocks
+        out: list[Row] = []
+        for block in blocks[bisect_right(blocks, after, key=_block_last) :]:
+            out.extend(row for row in _unpack_block(block) if row.seq > after)
+            if len(out) >= limit:
+                return out[:limit]
+        out.extend(recent[: limit - len(out)])
+        return out
 
     async def head(self, tenant: str, run: str) -> int:
         return self._run(tenant, run).head
@@ -169,7 +249,7 @@ class MemoryJournal(JournalBackend):
         if r.snapshot is None or r.snapshot.seq < snapshot.seq:
             r.snapshot = snapshot  # else a newer snapshot is already there: keep it
         if drop_journal:
-            r.rows = [row for row in r.rows if row.seq > r.snapshot.seq]
+            r.set_rows([row for row in r.rows if row.seq > r.snapshot.seq])
 
     async def history(self, tenant: str, run: str, collection: str, key: str) -> list[Row]:
         return [
@@ -200,7 +280,10 @@ class MemoryJournal(JournalBackend):
                 yield auth
             except BaseException:
                 # roll back what this transaction appended
-                r.rows = [row for row in r.rows if row.seq <= head]
+                if r.recent and r.recent[0].seq <= head + 1:
+                    del r.recent[head + 1 - r.recent[0].seq :]
+                elif r.head != head:
+                    r.set_rows([row for row in r.rows if row.seq <= head])
                 r.head = head
                 raise
 
