@@ -71,7 +71,10 @@ def child(variant: str, n: int, url: str) -> dict[str, Any]:
         return {"delta": after - before, "peak": _peak() - before, "entries": len(m)}
 
     async def record() -> dict[str, Any]:
-        async with crdtstore.open_store(url) as store:
+        auto = os.environ.get("BENCH_AUTO_COMPACT", "default")
+        # BENCH_AUTO_COMPACT=N measures a writer that compacts every N entries
+        auto_compact: Any = {"default": "default", "off": None}.get(auto) or int(auto)
+        async with crdtstore.open_store(url, auto_compact=auto_compact) as store:
             if variant in ("record-written", "record-memory", "build"):
                 async with store.open_record(RUN, "writer", "tool") as rec:
                     rec.map("m")

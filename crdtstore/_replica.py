@@ -1218,7 +1218,7 @@ class Replica:
 # apply in 0.6-0.7x the time of one apply per entry; much larger groups of list appends by
 # several writers are slower than one by one (yrs integrates a big interleaved merge slowly)
 _BULK_GROUP = 32
-_BULK_PENDING_KEYS = 200_000  # keys whose winner a bulk load holds before resolving them
+_BULK_PENDING_KEYS = 10_000  # keys whose winner a bulk load holds before resolving them
 
 # one journaled write a bulk load keeps per key and slot:
 # seq, op, agent, source, wall time, origin, slot (see BulkLoad)

@@ -43,11 +43,12 @@ log = logging.getLogger("crdtstore.store")
 
 _FEED = 1000  # journal entries a replay applies between two yields to other tasks
 
-DEFAULT_AUTO_COMPACT = 50_000
+DEFAULT_AUTO_COMPACT: int | None = None
 """Journal entries after a run's snapshot that make a record compact the run in the
-background (on ``sqlite://``; see :func:`open_store`). A compaction runs in the writing
-process: at 10,000 it added about 45% to a long stream of small writes (bench/README.md), at
-50,000 it costs a few percent while a resume still reads at most that many entries."""
+background (see :func:`open_store`); None: off unless asked for. A compaction runs in the
+writing process: at 10,000 it added about 45% to a long stream of small writes, and the
+resident memory of a writer that compacted stays higher (100k entries: 3.1x a raw doc
+instead of 1.8x; bench/README.md), so it is opt-in."""
 
 _SNAPSHOT_BYTES_PER_ENTRY = 1000
 """Automatic compaction waits for one journal entry per this many bytes of the run's last
@@ -131,9 +132,9 @@ def open_store(
             the background (:meth:`Store.compact`, journal kept), so that opening the run
             reads a snapshot plus at most about this many entries (or, once this store made
             a snapshot of more than ``auto_compact`` KB, one entry per KB of it). None turns
-            it off. The default is ``DEFAULT_AUTO_COMPACT`` (50,000) on ``sqlite://`` and off
-            on other backends (``memory://`` lives only as long as the process; ``ws://``
-            compacts on the hub's store).
+            it off, and is the default (``DEFAULT_AUTO_COMPACT``): a compaction costs the
+            writing process CPU and resident memory, so it is opt-in (e.g. 50,000 on a
+            long-lived ``sqlite://`` run); ``ws://`` ignores it (compact on the hub's store).
         backend_options: further options of the URL's backend (see its documentation).
             ``ws://`` takes ``connect_timeout`` (default 10 s) and ``offline_timeout``
             (default 30 s): how long a request, and so ``rec.flush()`` and closing a record,
@@ -164,7 +165,7 @@ def open_store(
         raise InvalidValue(f"tenant {tenant!r} contradicts the tenant {url_tenant!r} of {url!r}")
     tenant = tenant or url_tenant or "default"
     if auto_compact == "default":
-        persistent = url.split("://", 1)[0].lower() == "sqlite"
+        persistent = url.split("://", 1)[0].lower() in ("sqlite", "memory")
         auto_compact = DEFAULT_AUTO_COMPACT if persistent else None
     return Store(
         backend,

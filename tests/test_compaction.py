@@ -250,7 +250,7 @@ def test_auto_compact_option_is_checked(tmp_path: Path) -> None:
             crdtstore.open_store(url, auto_compact=bad)  # type: ignore[arg-type]
         assert info.value.code == "INVALID_VALUE"
     assert crdtstore.open_store(url).auto_compact == DEFAULT_AUTO_COMPACT
-    assert crdtstore.open_store("memory://x").auto_compact is None  # lives with the process
+    assert crdtstore.open_store("memory://x").auto_compact is None
     assert crdtstore.open_store(url, auto_compact=None).auto_compact is None
 
 
