@@ -525,9 +525,19 @@ class Record:
             spec = specs.get(name)
             if spec is None:  # undeclared: open, no budget
                 return None
-            if spec.policy != "open":
-                check_effect(specs, ops, self.agent, self, conditional=conditional)
             usage = self._usage.get(name)  # only budgeted collections are there
+            policy = spec.policy
+            if policy != "open":
+                if op[0] == "map" and op[2] == "set" and policy in ("owner", "append_only"):
+                    # the usual checks inline; check_effect decides (and words) any refusal
+                    key = op[3]
+                    sizes = None if usage is None else usage.sizes
+                    if key in sizes if sizes is not None else self.exists(name, key):
+                        owner = self.replica.agent_of(name, key) if policy == "owner" else None
+                        if policy == "append_only" or (owner is not None and owner != self.agent):
+                            check_effect(specs, ops, self.agent, self, conditional=conditional)
+                else:
+                    check_effect(specs, ops, self.agent, self, conditional=conditional)
             if usage is None:
                 if not budgeted(spec):
                     return None
