@@ -793,9 +793,13 @@ class Record:
                 guard["fence"] = (fence[0].lease_id, fence[0].token, fence[1])
             empty = b"\x00\x00"  # nothing to change: the server only checks the guard
             entry = scratch.entry(meta.agent, meta.source, update or empty, ops, meta.wall_time)
-            seq: int = await self._backend.append_guarded(  # type: ignore[attr-defined]
-                self.tenant, self._jrun, entry, **guard
-            )
+            try:
+                seq: int = await self._backend.append_guarded(  # type: ignore[attr-defined]
+                    self.tenant, self._jrun, entry, **guard
+                )
+            except StaleVersion as exc:
+                await self._adopt_version(exc)
+                raise
             if update is None:
                 return seq
             while self._txn_task is not None:  # never mix it into a local transaction
@@ -810,6 +814,28 @@ class Record:
             if self._subscribers:
                 self._emit(ops, self.agent, self.source, seq, local=True)
             return seq
+
+    async def _adopt_version(self, exc: StaleVersion) -> None:
+        """A server refused a guarded write as stale although this replica holds the value
+        it says is current: two entries left that same value (or both deleted the key), and
+        this replica names the other one. The server's entry is the version everyone checks
+        against, so name it here too; a retry that reads ``get_versioned`` again then
+        succeeds instead of being refused forever."""
+        name, key, current = exc.collection, exc.key, exc.current_version
+        if key is None or type(current) is not int or self.version(name, key) == current:
+            return
+        if self._current_value(name, key) != exc.current_value:
+            return  # this replica lags behind: its tail brings the newer entry
+        try:
+            rows = await self._backend.history(self.tenant, self._jrun, name, key)
+        except CrdtStoreError:
+            return
+        for row in rows:
+            if row.seq == current:
+                self.replica.adopt(
+                    name, key, current, row.agent, row.source, row.wall_time, row.origin
+                )
+                return
 
     async def _append_external(
         self,

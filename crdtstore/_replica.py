@@ -659,6 +659,18 @@ class Replica:
         if len(tseqs) > table.sweep_at:
             table.keep(self._live_seqs())
 
+    def adopt(self, collection: str, key: str, seq: int, agent: str, source: str,
+              wall: float, run: str) -> None:
+        """Name entry ``seq`` (written by ``agent``...) as the provenance of ``collection[key]``:
+        when two entries left the same value (or both deleted the key), which one is named is
+        not decided by the document, and the journal's authority has the last word (a guarded
+        write refused by a server names the version it holds; see ``Record``)."""
+        self._remember(seq, agent, source, wall, run)
+        keys = self.index.get(collection)
+        if keys is None:
+            keys = self.index[collection] = {}
+        keys[key] = seq
+
     def _remember(self, seq: int, agent: str, source: str, wall: float, run: str) -> None:
         table = self.table
         table.add(seq, agent, source, wall, run)

@@ -259,6 +259,56 @@ def _b64(data: bytes) -> str:
 # -- guarded writes -------------------------------------------------------------------------
 
 
+async def test_a_replica_naming_another_entry_of_the_same_value_adopts_the_hub_s(
+    tmp_path: Path,
+) -> None:
+    """Two entries that leave the same value: which one a replica names depends on the order
+    it saw them in, and a guarded write is checked against the hub's choice. A client
+    refused for that reason adopts the hub's version, so that a retry succeeds instead of
+    being refused forever."""
+    async with (
+        running_hub(tmp_path) as hub,
+        ws_record(hub, token("alice")) as alice,
+        ws_record(hub, token("bob")) as bob,
+    ):
+        # the same value written twice: by two writers concurrently, or (as here, without
+        # a race to arrange) by one after the other (a set is an entry even when equal)
+        await alice.map("notes").set("k", "same")
+        await alice.flush()
+        await until(lambda: bob.map("notes").get("k") == "same")
+        await bob.map("notes").set("k", "same")
+        await bob.flush()
+        entries = await journal(hub)
+        seqs = [e.seq for e in entries if any(op[3:4] == ["k"] for op in e.effect)]
+        assert len(seqs) == 2, [(e.seq, e.agent, e.effect) for e in entries]
+        await until(lambda: alice.applied_seq >= max(seqs) and bob.applied_seq >= max(seqs))
+        assert hub.hub is not None and hub._portal is not None
+        (room,) = hub.hub._rooms.values()
+        assert room.rec is not None
+        rec = room.rec
+        held = hub._portal.call(lambda: rec.version("notes", "k"))  # in the hub's thread
+        assert held in seqs
+        other = next(s for s in seqs if s != held)
+        entry = next(e for e in await journal(hub) if e.seq == other)
+        # the disagreement a race leaves: alice names the other entry of the same value
+        alice.replica.adopt("notes", "k", other, entry.agent, entry.source, entry.wall_time, "")
+        value, version = alice.map("notes").get_versioned("k")
+        assert (value, version) == ("same", other)
+        before = await journal(hub)
+        with pytest.raises(StaleVersion) as caught:
+            await alice.map("notes").set("k", "next", expected_version=version)
+        assert caught.value.current_version == held
+        assert await journal(hub) == before  # nothing journaled on refusal
+        value, version = alice.map("notes").get_versioned("k")
+        assert (value, version) == ("same", held)  # adopted, with its provenance
+        prov = alice.map("notes").provenance("k")
+        assert prov is not None
+        assert prov.agent == next(e.agent for e in before if e.seq == held)
+        await alice.map("notes").set("k", "next", expected_version=version)  # the retry
+        await until(lambda: bob.map("notes").get("k") == "next")
+
+
+
 async def test_expected_version_through_the_hub(tmp_path: Path) -> None:
     async with (
         running_hub(tmp_path) as hub,
