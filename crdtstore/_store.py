@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict
 from ._backends.memory import MemoryJournal
 from ._backends.sqlite import SQLiteJournal
 from ._errors import InvalidValue, StoreClosed, UnsupportedURL
+from ._heap import release_free_memory
 from ._journal import (
     Durability,
     JournalBackend,
@@ -502,7 +503,7 @@ class Store:
             SnapshotRow(replica.seq, update, replica.export_state(), time.time()),
             drop_journal=drop_journal,
         )
-        return CompactionResult(
+        result = CompactionResult(
             run=run,
             seq=replica.seq,
             entries=replica.seq - info.snapshot_seq,
@@ -510,6 +511,9 @@ class Store:
             journal_dropped=drop_journal,
             seconds=time.perf_counter() - started,
         )
+        del replica, update  # the scratch document: its pages go back to the system
+        release_free_memory()
+        return result
 
     def _after_commit(self, run: str, head: int) -> None:
         """A record of ``run`` (the journal's run) committed entries up to ``head``: start a

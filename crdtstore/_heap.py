@@ -1,0 +1,50 @@
+"""Give freed heap memory back to the operating system after a big, short-lived allocation.
+
+Applying a snapshot (one update of many MB) makes yrs decode the whole update before it
+integrates it; the decoded form is freed afterwards, but glibc's allocator keeps the pages in
+its arenas, so the process's resident memory stays about 10 MiB higher per 100k map entries
+than the document needs (bench/memory.py: a record opened from a 100k-key snapshot, 60.6 MiB
+before, 50.7 MiB after). ``malloc_trim(0)`` returns those pages; it takes well under 1 ms.
+
+Only glibc has it: elsewhere (musl, macOS, Windows) :func:`release_free_memory` does nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import sys
+from collections.abc import Callable
+
+log = logging.getLogger("crdtstore.heap")
+
+_trim: Callable[[int], int] | None = None
+_looked = False
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    global _trim, _looked
+    if not _looked:
+        _looked = True
+        if sys.platform.startswith("linux"):
+            try:
+                libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+                func = libc.malloc_trim  # AttributeError: not glibc
+            except (OSError, AttributeError):
+                func = None
+            if func is not None:
+                func.argtypes = [ctypes.c_size_t]
+                func.restype = ctypes.c_int
+                _trim = func
+    return _trim
+
+
+def release_free_memory() -> bool:
+    """Return the allocator's free pages to the operating system; True if it could be asked
+    (glibc), False where there is no such call."""
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True
