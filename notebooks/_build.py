@@ -810,6 +810,272 @@ hold every agent's contributions):""",
 ]
 
 
+NOTEBOOKS["06_through_a_hub"] = [
+    (
+        "md",
+        """\
+# 06 · Through a hub: agents that do not share a file
+
+Agents on other hosts (or in containers, or untrusted) cannot open the run's SQLite file.
+They connect to a **hub** (`crdtstore serve`), which holds the store and shares each run's
+record over WebSockets. A Python agent opens `ws://host:port/<tenant>` with a token and gets
+the same `Record` API; a JavaScript agent uses the stock `y-websocket` client.
+
+Here we start a real hub process, give three agents tokens, and watch:
+
+1. concurrent writes merging, with provenance taken from the *token*, not from what the agent
+   claims;
+2. a read-only token refused before anything changes;
+3. how long a write takes to reach another agent through the hub;
+4. the hub killed with `kill -9` while an agent keeps writing, then restarted: nothing
+   acknowledged is lost, and the offline writes arrive.""",
+    ),
+    (
+        "code",
+        """\
+%matplotlib inline
+import contextlib
+import os
+import queue
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import anyio
+
+import crdtstore
+import sync
+
+folder = tempfile.TemporaryDirectory()
+STORE = f"sqlite:///{Path(folder.name) / 'hub.db'}"
+SECRET = secrets.token_hex(32)  # the hub refuses to start without a signing secret
+env = {**os.environ, "CRDTSTORE_SECRET": SECRET}
+
+
+def start_hub(port=0):
+    \"\"\"`python -m sync` (= `crdtstore serve`) on STORE; returns the process and its port
+    once it says (on stderr, where it also logs) that it listens.\"\"\"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sync", "--store", STORE, "--host", "127.0.0.1",
+         "--port", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+    )
+    lines = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in proc.stderr], daemon=True).start()
+    deadline = time.monotonic() + 30
+    while (left := deadline - time.monotonic()) > 0:
+        line = lines.get(timeout=left)
+        if "listening on ws://" in line:
+            return proc, int(line.rsplit(":", 1)[1])
+    proc.kill()
+    raise RuntimeError("the hub did not start")
+
+
+hub, PORT = start_hub()
+URL = f"ws://127.0.0.1:{PORT}/lab"
+print("hub pid", hub.pid, "serving", URL)""",
+    ),
+    (
+        "md",
+        """\
+## Tokens
+
+The operator mints a token per agent (`crdtstore token --tenant lab --run notebook --agent
+alice --rw` on the command line; here the same with `sync.mint`). The token names the
+tenant, the run (or a prefix), the agent, read-write or read-only, and an expiry; it is
+signed with the hub's secret, so an agent cannot change what it says.""",
+    ),
+    (
+        "code",
+        """\
+RUN = "notebook"
+
+
+def token(agent, mode="rw"):
+    claims = sync.TokenClaims(tenant="lab", run=RUN, agent=agent, mode=mode,
+                              exp=int(time.time()) + 3600, jti=secrets.token_hex(8))
+    return sync.mint(SECRET.encode(), claims)
+
+
+tokens = {name: token(name) for name in ("alice", "bob", "carol")}
+print(tokens["alice"][:60] + "...")""",
+    ),
+    (
+        "md",
+        """\
+## Three agents, concurrent writes
+
+Each agent opens its own `ws://` store and record (each has its own connection to the hub).
+They write at the same time: findings appended to `log`, their own key in `status`, and all
+three overwrite `shared["lead"]`. Bob *claims* to be `"mallory"` when he opens the record:
+the hub ignores that and journals his writes as the token's agent.
+
+`await rec.flush()` returns once the hub has journaled everything the record wrote.""",
+    ),
+    (
+        "code",
+        """\
+@contextlib.asynccontextmanager
+async def agents(*names, claims=None):
+    \"\"\"A record per agent, each on its own ws:// store (its own connection to the hub).
+    (Opened and closed within one cell: Jupyter runs each cell in a task of its own.)\"\"\"
+    async with contextlib.AsyncExitStack() as stack:
+        recs = {}
+        for name in names:
+            store = await stack.enter_async_context(
+                crdtstore.open_store(URL, token=tokens[name]))
+            claimed = (claims or {}).get(name, name)
+            recs[name] = await stack.enter_async_context(store.open_record(RUN, claimed))
+        yield recs
+
+
+async def work(name, rec):
+    for i in range(20):
+        await rec.list("log").append({"by": name, "finding": i})
+        if i % 5 == 0:
+            await rec.map("status").set(name, f"step {i}")
+            await rec.map("shared").set("lead", name)
+    await rec.flush()
+
+
+async with agents("alice", "bob", "carol", claims={"bob": "mallory"}) as recs:
+    async with anyio.create_task_group() as tg:
+        for name, rec in recs.items():
+            tg.start_soon(work, name, rec)
+    heads = [await rec.sync() for rec in recs.values()]  # each reads the journal to its head
+    views = [rec.to_dict() for rec in recs.values()]
+    prov = recs["alice"].map("shared").provenance("lead")
+    entries = await recs["alice"].journal(limit=1000)
+
+print("journal heads:", heads, "| every agent sees the same record:",
+      all(v == views[0] for v in views))
+print("log entries:", len(views[0]["log"]), "| status:", views[0]["status"])
+print(f"shared['lead'] = {views[0]['shared']['lead']!r}, written by {prov.agent} "
+      f"(journal position {prov.seq})")
+print("agents in the journal:", sorted({e.agent for e in entries}))""",
+    ),
+    (
+        "md",
+        """\
+Every append survived (3 x 20), each agent's own key holds its last write, and one of the
+three `lead` writes won. No entry names `mallory`: the agent in provenance is the token's.
+
+## A read-only token
+
+A read-only token may read the record; its writes are refused *before* the local document
+changes, with a typed error (`ReadOnlyAccess`, code `READ_ONLY`).""",
+    ),
+    (
+        "code",
+        """\
+async with crdtstore.open_store(URL, token=token("dana", "ro")) as store:
+    async with store.open_record(RUN, "dana") as reader:
+        before = reader.to_dict()
+        try:
+            await reader.map("status").set("dana", "sneaky")
+        except crdtstore.ReadOnlyAccess as exc:
+            print(type(exc).__name__, exc.code, "|", exc)
+        print("unchanged:", reader.to_dict() == before,
+              "| sees", len(before["log"]), "log entries")""",
+    ),
+    (
+        "md",
+        """\
+## Propagation through the hub
+
+Alice sets a key; Bob's change stream (`rec.changes()`) tells us when it arrived. The path
+is: Alice's record → hub (journals it) → push to Bob's connection → Bob reads the entry.
+Timed over 200 writes, one at a time, on this machine's loopback.""",
+    ),
+    (
+        "code",
+        """\
+from matplotlib.figure import Figure
+
+delays = []
+async with agents("alice", "bob") as recs:
+    alice, bob = recs["alice"], recs["bob"]
+    async with bob.changes(local=False) as stream:
+        for i in range(200):
+            t0 = time.perf_counter()
+            await alice.map("ping").set("n", i)
+            with anyio.fail_after(10):
+                async for change in stream:
+                    if change.collection == "ping" and bob.map("ping").get("n") == i:
+                        break
+            delays.append((time.perf_counter() - t0) * 1000)
+
+delays.sort()
+p50, p99 = delays[len(delays) // 2], delays[int(len(delays) * 0.99) - 1]
+print(f"write -> visible to another agent: p50 {p50:.2f} ms, p99 {p99:.2f} ms")
+fig = Figure(figsize=(7, 2.8), layout="constrained")
+ax = fig.subplots()
+ax.hist(delays, bins=40, color="C0")
+ax.axvline(p50, color="k", ls="--", lw=1, label=f"p50 {p50:.1f} ms")
+ax.set_xlabel("ms from Alice's write to Bob's record")
+ax.set_ylabel("writes")
+ax.legend()
+fig""",
+    ),
+    (
+        "md",
+        """\
+## The hub dies
+
+`kill -9` the hub. Alice keeps writing: her writes go into her record at once and wait to be
+journaled (her record reconnects with backoff in the background). Then the hub is started
+again on the same store and port. `flush()` returns once the hub holds all of Alice's writes;
+Bob's record reconnects too and sees them.""",
+    ),
+    (
+        "code",
+        """\
+async with agents("alice", "bob") as recs:
+    alice, bob = recs["alice"], recs["bob"]
+    journaled_before = await alice.sync()
+    hub.send_signal(signal.SIGKILL)
+    hub.wait()
+
+    for i in range(30):  # offline: nothing here waits for the hub
+        await alice.list("log").append({"by": "alice", "offline": i})
+    print("alice holds", len(alice.list("log")), "log entries; the hub is down")
+
+    hub, _ = start_hub(PORT)
+    with anyio.fail_after(60):
+        await alice.flush()  # returns when the restarted hub journaled all 30
+        while len(bob.list("log")) < len(alice.list("log")):
+            await bob.sync()
+            await anyio.sleep(0.01)
+    print("after the restart: bob sees", len(bob.list("log")), "log entries;",
+          "same record:", bob.to_dict() == alice.to_dict())
+    after = await bob.journal(after=journaled_before, limit=1000)
+print(sum(e.agent == "alice" for e in after), "entries journaled for alice after the kill")
+
+hub.send_signal(signal.SIGTERM)
+print("hub exit status", hub.wait(timeout=30))
+folder.cleanup()""",
+    ),
+    (
+        "md",
+        """\
+## What to take away
+
+- A `ws://` store gives remote agents the same `Record` as the embedded store; `flush()`
+  means *journaled by the hub*, a sync status the Yjs ecosystem does not have.
+- Identity comes from the token: provenance cannot be forged by the client.
+- Read-only is enforced before anything changes.
+- The hub can die at any moment: agents keep working, reconnect by themselves, and their
+  writes are journaled once it is back. Plain Yjs clients (`y-websocket`) join the same runs;
+  `tests/test_interop.py` runs the real JavaScript client against the hub.""",
+    ),
+]
+
+
 def kernel_manager(spec_root: Path) -> KernelManager:
     """A kernel manager that runs this interpreter (the venv's) whatever kernelspecs the
     machine has: a private kernelspec pointing at ``sys.executable``."""
