@@ -2,6 +2,7 @@
 
     python bench/_hub_server.py crdtstore --store sqlite:///tmp/x/store.db  # $CRDTSTORE_SECRET
     python bench/_hub_server.py pycrdt [--preload /t/big=/tmp/x/big.update]
+    python bench/_hub_server.py ystore --store sqlite:///tmp/x/store.db
     python bench/_hub_server.py relay
 
 ``crdtstore``: our hub (:class:`sync.Hub`) with its default limits. ``pycrdt``:
@@ -9,8 +10,11 @@ pycrdt-websocket's ``WebsocketServer`` behind a ``websockets`` server (the same 
 library and settings as our hub: no compression), through a small ``Channel`` adapter; with
 ``--preload PATH=FILE`` the room ``PATH`` is created before the first client, its document
 holding the update in ``FILE`` (a run's record as pycrdt-websocket would serve it).
-``relay``: no document at all, each update frame relayed as is to the other connections of
-its path with ``websockets.broadcast``: the floor for a Python hub on ``websockets``.
+``ystore``: the same pycrdt-websocket server whose rooms persist every update in
+pycrdt-store's ``SQLiteYStore`` (``--store``'s path + ``.ystore.db``; one row and commit per
+update, no squashing): the persistent peer. ``relay``: no document at all, each update frame
+relayed as is to the other connections of its path with ``websockets.broadcast``: the floor for
+a Python hub on ``websockets``.
 
 Prints ``PORT <n>`` on stdout once listening; stops on SIGTERM/SIGINT. ``--profile FILE``
 writes a cProfile of the whole process there on the way out.
@@ -99,12 +103,35 @@ class _Channel:
         return bytes(await self._ws.recv())
 
 
-async def serve_pycrdt(preload: list[tuple[str, bytes]]) -> None:
+async def serve_pycrdt(preload: list[tuple[str, bytes]], ystore_db: str | None = None) -> None:
     from pycrdt import Doc
     from pycrdt.websocket import WebsocketServer, YRoom
     from websockets.asyncio.server import serve
 
-    async with WebsocketServer(log=logging.getLogger("pycrdt-websocket")) as server:
+    server_class: Any = WebsocketServer
+    if ystore_db is not None:
+        # every room persists its updates in pycrdt-store's SQLiteYStore (one row and one
+        # commit per update, written in a task of the room): what a pycrdt-websocket user
+        # does to keep a document across restarts
+        from pycrdt.store import SQLiteYStore
+
+        class _Store(SQLiteYStore):
+            db_path = ystore_db
+            document_ttl = None  # never squash during the benchmark
+
+        class _Server(WebsocketServer):  # type: ignore[misc]
+            async def get_room(self, name: str) -> YRoom:
+                if name not in self.rooms:
+                    self.rooms[name] = YRoom(
+                        ready=self.rooms_ready, ystore=_Store(name), log=self.log
+                    )
+                room = self.rooms[name]
+                await self.start_room(room)
+                return room
+
+        server_class = _Server
+
+    async with server_class(log=logging.getLogger("pycrdt-websocket")) as server:
         for path, update in preload:
             doc: Doc[Any] = Doc()
             doc.apply_update(update)
@@ -162,7 +189,7 @@ async def _until_signal() -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("kind", choices=["crdtstore", "pycrdt", "relay"])
+    ap.add_argument("kind", choices=["crdtstore", "pycrdt", "ystore", "relay"])
     ap.add_argument("--store", help="store URL (crdtstore)")
     ap.add_argument("--preload", action="append", default=[], metavar="PATH=FILE")
     ap.add_argument("--profile", metavar="FILE", help="write a cProfile of the process here")
@@ -176,13 +203,17 @@ def main() -> None:
     try:
         if args.kind == "crdtstore":
             asyncio.run(serve_crdtstore(args.store, args.direct_send))
-        elif args.kind == "pycrdt":
+        elif args.kind in ("pycrdt", "ystore"):
             rooms = []
             for spec in args.preload:
                 path, _, file = spec.partition("=")
                 with open(file, "rb") as f:
                     rooms.append((path, f.read()))
-            asyncio.run(serve_pycrdt(rooms))
+            ystore_db = None
+            if args.kind == "ystore":
+                assert args.store, "ystore needs --store (a SQLite path for SQLiteYStore)"
+                ystore_db = args.store.removeprefix("sqlite:///") + ".ystore.db"
+            asyncio.run(serve_pycrdt(rooms, ystore_db))
         else:
             asyncio.run(serve_relay())
     finally:

@@ -4,10 +4,14 @@ and the time for a new client to join a run holding a 10 MB record.
     python bench/hub.py                  # 1,500 updates at 100/s per trial, 3 rounds, 10 MB
     python bench/hub.py --quick          # 150 updates at 100/s, 1 round, 2 MB (< 60 s)
     python bench/hub.py --direct-send    # also our hub with the direct send patched in
+    python bench/hub.py --no-ystore      # without pycrdt-websocket + SQLiteYStore
+    python bench/hub.py --ab /tmp/before,  # our hub only: code trees A/B ("" = working tree)
 
 The servers run side by side, each in a process of its own (``_hub_server.py``): our hub
 (:class:`sync.Hub` on a ``sqlite:///`` store, journaling every update), pycrdt-websocket's
-``WebsocketServer`` (an in-memory room, no YStore) behind the same ``websockets`` library, and
+``WebsocketServer`` (an in-memory room, no YStore) behind the same ``websockets`` library, the
+same server whose rooms persist every update in pycrdt-store's ``SQLiteYStore`` (the
+persistent peer: like our hub, it writes each update to SQLite; informative), and
 a *floor relay* (no document, each update frame relayed with ``websockets.broadcast``: what
 any Python hub on ``websockets`` pays at least). Clients are other processes
 (``_hub_peers.py``), identical for every server.
@@ -70,6 +74,7 @@ OBSERVERS_PER_PROCESS = 16
 LABELS = {
     "crdtstore": "crdtstore hub",
     "pycrdt": "pycrdt-websocket",
+    "ystore": "pycrdt-ws+YStore",
     "relay": "floor relay",
     "direct": "hub + direct send",
 }
@@ -162,15 +167,21 @@ class Server:
         return f"{base}?token={mint(self.secret, claims)}"
 
 
-def start_server(kind: str, store: str, secret: bytes, preload: str | None) -> Server:
+def start_server(
+    kind: str, store: str, secret: bytes, preload: str | None, tree: str | None = None
+) -> Server:
+    """A server process; ``tree``: a copy of the code (``crdtstore/`` and ``sync/``) to run
+    our hub from, put first on its ``PYTHONPATH`` (``--ab``)."""
     args = [str(HERE / "_hub_server.py"), "crdtstore" if kind == "direct" else kind]
-    if kind in ("crdtstore", "direct"):
+    if kind in ("crdtstore", "direct", "ystore"):
         args += ["--store", store]
     if kind == "direct":
         args += ["--direct-send"]
     elif preload:
         args += ["--preload", preload]
     env = {**os.environ, "CRDTSTORE_SECRET": secret.decode()}
+    if tree:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (tree, env.get("PYTHONPATH")) if p)
     if os.environ.get("HUB_BENCH_PROFILE"):  # e.g. HUB_BENCH_PROFILE=/tmp/hub  -> .crdtstore
         args += ["--profile", f"{os.environ['HUB_BENCH_PROFILE']}.{kind}"]
     proc = _spawn(args, env)
@@ -322,6 +333,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--record-mb", type=float, help="join record size (default 10, quick 2)")
     ap.add_argument("--joins", type=int, help="joins per variant (default 5, quick 2)")
     ap.add_argument(
+        "--ab",
+        metavar="TREES",
+        help="our hub only, one server per code tree (comma-separated directories holding "
+        "crdtstore/ and sync/, e.g. a `git archive` copy; an empty name is the working tree), "
+        "alternating trials: CPU per update, to compare changes on a shared machine",
+    )
+    ap.add_argument(
+        "--no-ystore",
+        dest="ystore",
+        action="store_false",
+        help="leave out pycrdt-websocket with SQLiteYStore (the persistent peer)",
+    )
+    ap.add_argument(
         "--direct-send",
         action="store_true",
         help="also measure our hub with the direct send patched in (for a hub from before it)",
@@ -346,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"   pycrdt-websocket {version('pycrdt-websocket')}, websockets {version('websockets')}")
 
+    if args.ab is not None:
+        return ab(args.ab.split(","), counts, n, rate, repeat)
     results: list[Result] = []
     with tempfile.TemporaryDirectory(prefix="bench-hub-") as tmp:
         store = f"sqlite:///{tmp}/store.db"
@@ -361,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
         peer = start_server("pycrdt", store, secret, f"/{TENANT}/big={tmp}/big.update")
         relay = start_server("relay", store, secret, None)
         servers = [ours, peer, relay]
+        if args.ystore:
+            servers.insert(2, start_server("ystore", store, secret, None))
         if args.direct_send:
             servers.append(start_server("direct", store, secret, None))
         try:
@@ -434,6 +462,21 @@ def propagation(
                 cells("backlogged", ".0f"),
             ]
         )
+        if "ystore" in fig:  # the persistent peer: what journaling costs it
+            y = fig["ystore"]
+            results.append(
+                Result(
+                    "hub",
+                    f"hub CPU per update per observer vs pycrdt-websocket + SQLiteYStore, "
+                    f"{obs} observers",
+                    a["cpu"],
+                    "us",
+                    y["cpu"],
+                    a["cpu"] / y["cpu"],
+                    "<= the persistent peer (informative)",
+                    a["cpu"] <= y["cpu"],
+                )
+            )
         met_cpu = a["cpu"] <= CPU_TARGET_US and a["cpu"] <= b["cpu"]
         results.append(
             Result(
@@ -503,6 +546,47 @@ def propagation(
             )
         )
     return results
+
+
+def ab(trees: list[str], counts: list[int], n: int, rate: float, repeat: int) -> int:
+    """Our hub from each code tree, trials alternating (order reversed every other round):
+    the median hub CPU per update (and per update per observer) of each tree."""
+    print(f"\n-- A/B: {n} updates at {rate:g}/s, {repeat} round(s), trees {trees}", flush=True)
+    cpu: dict[tuple[int, int], list[float]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-hub-ab-") as tmp:
+        store = f"sqlite:///{tmp}/store.db"
+        secret = secrets.token_hex(16).encode()
+        servers = [start_server("crdtstore", store, secret, None, tree) for tree in trees]
+        try:
+            for rnd in range(repeat):
+                for obs in counts:
+                    order = list(enumerate(servers))
+                    for i, s in order if rnd % 2 == 0 else order[::-1]:
+                        tr = trial(s, obs, n, rate)
+                        cpu.setdefault((i, obs), []).append(tr.cpu_s / tr.updates * 1e6)
+                        print(
+                            f"   round {rnd + 1} {trees[i] or 'working tree':24} {obs:3} "
+                            f"observers: {tr.cpu_s / tr.updates * 1e6:6.0f} us/update, "
+                            f"p50 {percentile(tr.latencies_ms, 50):.2f} ms"
+                            + (f", LOST {tr.lost}" if tr.lost else "")
+                            + f" (load {os.getloadavg()[0]:.1f})",
+                            flush=True,
+                        )
+        finally:
+            for s in servers:
+                _stop(s.proc)
+    table(
+        ["tree", *(f"{obs} observers: us/update (/observer)" for obs in counts)],
+        [
+            [
+                tree or "working tree",
+                *(f"{med(cpu[(i, obs)]):.0f} ({med(cpu[(i, obs)]) / obs:.1f})" for obs in counts),
+            ]
+            for i, tree in enumerate(trees)
+        ],
+    )
+    print(f"   load average at the end {os.getloadavg()[0]:.2f}")
+    return 0
 
 
 def saturating(servers: list[Server], observers: int, n: int, repeat: int) -> list[Result]:

@@ -30,7 +30,13 @@ the run's record on the tenant's store (a :class:`crdtstore.Record` opened as ag
 source ``system``); its document is the one every connection of the run syncs with, and the
 last connection to leave closes it (after flushing it to the journal). Every update a
 connection sends (its sync step 2, which after a reconnect carries its offline edits, and
-its updates) is applied through :meth:`Record.apply_update`, which journals it. The record is
+its updates) is applied through :meth:`Record.apply_update`, which journals it: the updates
+applied in one iteration of the event loop (by every connection whose frames arrived
+together) are appended in one SQLite commit by a callback at the end of that iteration, on
+the loop thread, or by the record's committer when the write lock is not free at once (see
+:class:`_HubRecord`). The update is broadcast when applied, before that commit; a ``flush``
+request is answered once everything applied before it is committed, and with an error
+(nothing acknowledged) while the journal cannot be written. The record is
 a subclass whose ``agent`` and ``source`` are read from a context variable that the
 connection's task sets around that call: the journal entry, the provenance of the keys it
 wrote and the change events carry the agent and source of the *token* of the connection that
@@ -71,6 +77,8 @@ token's claims; ...); an unknown op is answered with the error ``UNSUPPORTED_OP`
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import logging
 import os
 import time
@@ -85,6 +93,11 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
+
+try:
+    import sniffio
+except ImportError:  # pragma: no cover - anyio runs without it (and then assumes asyncio)
+    sniffio = None  # type: ignore[assignment]
 from websockets.asyncio.server import Server, ServerConnection, broadcast, serve
 from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
@@ -106,7 +119,9 @@ from crdtstore import (
     UnknownRun,
     open_store,
 )
+from crdtstore._journal import NewEntry, Op
 from crdtstore._names import check_name
+from crdtstore._replica import Meta
 
 from ._document import ReplicaDocument
 from ._errors import CloseCode, ProtocolError
@@ -212,13 +227,112 @@ class HubLimits:
 _CURRENT: ContextVar[_Conn | None] = ContextVar("sync_hub_connection", default=None)
 
 
+def _loop_call_soon() -> Callable[[Callable[[], None]], object] | None:
+    """A function that schedules a synchronous callback on the running event loop's thread,
+    to run after the tasks that are ready now (asyncio: ``loop.call_soon``, in a context that
+    names the library to anyio; trio: ``run_sync_soon``); None on another loop."""
+    try:
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        loop = None
+    if loop is not None:
+        ctx = contextvars.Context()  # (a callback has no task: anyio learns the library here)
+        if sniffio is not None:
+            ctx.run(sniffio.current_async_library_cvar.set, "asyncio")
+        return functools.partial(loop.call_soon, context=ctx)
+    try:
+        import trio
+
+        return trio.lowlevel.current_trio_token().run_sync_soon
+    except (ImportError, RuntimeError):
+        return None
+
+
 class _HubRecord(Record):
     """A run's record opened by the hub: its writes are attributed to the agent and source of
     the token of the connection that the current task serves (``hub``/``system`` outside of
-    one). ``Record`` reads ``self.agent``/``self.source`` when it builds a journal entry."""
+    one). ``Record`` reads ``self.agent``/``self.source`` when it builds a journal entry.
+
+    **Group commit on the loop.** A ``batched`` hub record on a backend that can append at
+    once on the event loop thread (SQLite's ``append_now``) journals its entries itself
+    instead of waking the record's committer task: the first entry queued in an iteration of
+    the event loop schedules one callback (:meth:`_journal`) that runs once the tasks ready in
+    that iteration (every connection whose frames arrived together) have run, and appends
+    every entry queued by then in one transaction (``synchronous=NORMAL``, as the committer's
+    batched appends), then marks them committed (waking ``flush`` waiters). No task switch,
+    no anyio lock. When it cannot append at once (the write lock is held by another process
+    or another append of this record, the journal is failing, the run's id is not cached),
+    it appends nothing and wakes the committer, which journals them as it would any entry
+    (retrying, reporting failures to ``flush``).
+    """
 
     _hub_agent: str
     _hub_source: str
+    _call_soon: Callable[[Callable[[], None]], object] | None = None
+    _append_now: Callable[[str, str, Sequence[NewEntry]], list[int] | None] | None = None
+    _journal_due = False
+    group_commits = 0  # commits made by _journal (tests, metrics)
+
+    def bind_loop(self) -> None:
+        """Journal on the running event loop from now on (see the class docstring), if the
+        record is ``batched`` and its backend can append at once; else leave it to the
+        committer. Call from the loop's thread."""
+        append_now = getattr(self._backend, "append_now", None)
+        if self.durability == "batched" and append_now is not None:
+            self._append_now = append_now
+            self._call_soon = _loop_call_soon()
+
+    def _enqueue(self, update: bytes, ops: list[Op], meta: Meta) -> None:
+        call_soon = self._call_soon
+        if call_soon is None:
+            super()._enqueue(update, ops, meta)
+            return
+        idle, self._committer_idle = self._committer_idle, False  # not woken: _journal is
+        try:
+            super()._enqueue(update, ops, meta)
+        finally:
+            self._committer_idle = idle
+        if not self._journal_due:
+            self._journal_due = True
+            call_soon(self._journal)
+
+    def _journal(self) -> None:
+        """Append every queued entry now in one commit; else leave them to the committer."""
+        self._journal_due = False
+        try:
+            if self._commit_now():
+                return
+        except Exception:  # a bug: never into the loop (trio would stop); the committer retries
+            log.exception("group commit of %s/%s failed", self.tenant, self.run)
+        if self._committer_idle:
+            self._committer_idle = False
+            self._pending_event.set()
+
+    def _commit_now(self) -> bool:
+        pending = self._pending
+        if not pending:
+            return True
+        append_now = self._append_now
+        if (
+            append_now is None
+            or self._state != "open"
+            or self._failure is not None  # the committer is retrying: it keeps the order
+            or self._commit_lock.locked()  # an append of this record is under way
+        ):
+            return False
+        batch = list(pending)
+        try:
+            seqs = append_now(self.tenant, self._jrun, self._entries(batch))
+        except CrdtStoreError as exc:
+            log.debug("group commit %s/%s: %s (the committer retries)", self.tenant, self.run, exc)
+            return False
+        if seqs is None:
+            return False
+        self.group_commits += 1
+        self._mark_committed(batch, seqs)
+        return True
 
     @property
     def agent(self) -> str:
@@ -345,9 +459,19 @@ class _Room:
             self.broadcast(encode(Update(update)))
 
     def broadcast(self, frame: bytes, exclude: _Conn | None = None) -> None:
+        """Send ``frame`` to every connection but ``exclude`` (and the crdtstore clients, which
+        get pushes instead): in one ``websockets.broadcast`` call to those that can take it
+        at once (:meth:`_Conn.writable`), through :meth:`_Conn.send` to the others."""
+        direct: list[ServerConnection] = []
         for conn in list(self.conns):
-            if conn is not exclude and not conn.journal_client:  # those get pushes instead
+            if conn is exclude or conn.journal_client:
+                continue
+            if conn.writable():
+                direct.append(conn.ws)
+            else:
                 conn.send(frame)
+        if direct:
+            broadcast(direct, frame)  # synchronous; skips a connection not open
 
     def update_awareness(self, entries: Iterable[AwarenessEntry]) -> None:
         for entry in entries:
@@ -386,6 +510,7 @@ class _Conn:
         self.limits = limits
         self.queue: deque[bytes] = deque()
         self.queued_bytes = 0
+        self.high_water = ws.transport.get_write_buffer_limits()[1]
         self.wakeup = anyio.Event()
         self.close_with: tuple[int, str] | None = None
         self.scope: anyio.CancelScope | None = None
@@ -404,18 +529,26 @@ class _Conn:
     def __repr__(self) -> str:
         return f"<connection {self.claims.agent}@{self.room.tenant}/{self.room.run}>"
 
+    def writable(self) -> bool:
+        """Whether a frame may be written to the socket at once: the connection is not
+        closing, nothing is queued (order), and the socket's write buffer is under its
+        high-water mark."""
+        return (
+            self.close_with is None
+            and not self.queue
+            and self.ws.transport.get_write_buffer_size() < self.high_water
+        )
+
     def send(self, frame: bytes) -> None:
-        """Send a frame without blocking: written to the socket at once when nothing is queued
-        and the socket's write buffer is under its high-water mark (as ``ws.send`` would,
-        without waking the sender task: the broadcast path's main cost), else queued for
-        :meth:`sender`, in order; a full queue closes the connection (4408)."""
+        """Send a frame without blocking: written to the socket at once when
+        :meth:`writable` (as ``ws.send`` would, without waking the sender task: the broadcast
+        path's main cost), else queued for :meth:`sender`, in order; a full queue closes the
+        connection (4408)."""
         if self.close_with is not None:
             return
-        if not self.queue:
-            transport = self.ws.transport
-            if transport.get_write_buffer_size() < transport.get_write_buffer_limits()[1]:
-                broadcast((self.ws,), frame)  # synchronous; skips a connection not open
-                return
+        if self.writable():
+            broadcast((self.ws,), frame)  # synchronous; skips a connection not open
+            return
         limits = self.limits
         if (
             len(self.queue) >= limits.max_queue_frames
@@ -695,7 +828,11 @@ class Hub:
             self._tg = tg
             server: Server | None = None
             try:
-                await self._store("default")  # fail at start on a bad store URL
+                # fail at start on a bad store URL; not kept open: every store object has a
+                # cross-process notifier, which every commit on the file tells (a datagram
+                # and a wake-up of this loop per commit, for a tenant no client may use)
+                async with open_store(self.store_url, tenant="default"):
+                    pass
                 self._read_revoked_file()
                 tg.start_soon(self._watch_revocations)
                 server = await serve(
@@ -790,6 +927,7 @@ class Hub:
                     store = await self._store(tenant)
                     rec = _HubRecord(store, run, HUB_AGENT, "system", create=not claims.read_only)
                     await rec.start()
+                    rec.bind_loop()
                     size = len(rec.replica.doc.get_update())
                     limit = self.limits.max_document_bytes
                     if limit is not None and size > limit:
@@ -936,7 +1074,10 @@ class Hub:
                 conn.send(reply)
             message = received.message
             if received.applied is not None:
-                await self._apply(conn, received.applied)
+                # an update frame is relayed as received (it is what encode(Update(..)) gives)
+                await self._apply(
+                    conn, received.applied, frame if type(message) is Update else None
+                )
             elif received.refused is not None:
                 log.info("%r: refused a write (read-only)", conn)
             elif received.awareness:
@@ -949,8 +1090,9 @@ class Hub:
             elif isinstance(message, Request):
                 await self._request(conn, message)
 
-    async def _apply(self, conn: _Conn, update: bytes) -> None:
-        """Apply and journal a connection's update as its token's agent, then broadcast it."""
+    async def _apply(self, conn: _Conn, update: bytes, frame: bytes | None = None) -> None:
+        """Apply and journal a connection's update as its token's agent, then broadcast it (as
+        ``frame``, the update's :class:`Update` frame, when given)."""
         document = conn.session.document
         assert isinstance(document, _CheckingDocument)
         reservation, document.reservation = document.reservation, 0
@@ -982,7 +1124,7 @@ class Hub:
         finally:
             _CURRENT.reset(token)
             conn.room.release(reservation)
-        conn.room.broadcast(encode(Update(update)), exclude=conn)
+        conn.room.broadcast(encode(Update(update)) if frame is None else frame, exclude=conn)
 
     async def _request(self, conn: _Conn, request: Request) -> None:
         rec = conn.room.rec

@@ -17,7 +17,8 @@ Several processes on one machine share one store file. The design follows SQLite
   microseconds of statements and a commit that does not sync). A busy write lock makes the
   append retry in short steps (:data:`RETRY_FIRST` doubling to :data:`RETRY_MAX`, for at
   most :data:`BUSY_TIMEOUT` seconds) instead of SQLite's busy handler, which sleeps 1, 2,
-  5, 10, 15, 20, 25... ms between tries. The loop connection never checkpoints on
+  5, 10, 15, 20, 25... ms between tries (``append_now``, the same append for a caller on
+  the loop that cannot wait, tries once and says so). The loop connection never checkpoints on
   commit (a checkpoint syncs the files: milliseconds); every :data:`CHECKPOINT_EVERY` of its
   commits starts a checkpoint in a background thread on a connection of its own (see
   ``_checkpoint_file``);
@@ -490,6 +491,25 @@ class SQLiteJournal(JournalBackend):
                 )
             await anyio.sleep(delay)
             delay = min(delay * 2, RETRY_MAX)
+
+    def append_now(self, tenant: str, run: str, entries: Sequence[NewEntry]) -> list[int] | None:
+        """A ``batched`` :meth:`append` (``synchronous=NORMAL``: survives the death of any
+        process) done now on the calling (event loop) thread in one transaction, without
+        waiting: None, with nothing written, when it cannot be done at once (the write lock
+        or the loop connection is taken, or the run's id is not known yet); then use
+        :meth:`append`. For callers that journal on the loop without a task hop (the hub).
+
+        Raises:
+            BackendError: the store is not open, used after ``fork``, or the write failed
+                (rolled back: nothing written).
+            RunClosed, UnknownRun: the run is not open (nothing written).
+        """
+        if not entries:
+            return []
+        rid = self._run_ids.get((tenant, run))
+        if rid is None:
+            return None
+        return self._append_inline(tenant, run, rid, entries, [_dumps(e.effect) for e in entries])
 
     def _append_inline(
         self, tenant: str, run: str, rid: int, entries: Sequence[NewEntry], effects: list[str]
