@@ -22,6 +22,16 @@ subprotocol ``crdtstore``: the hub then sends it no Yjs sync or update frames (w
 may not be journaled yet), only a push when the run's journal head moves, which wakes the
 record's tail. Requests use the extension messages of :class:`ClientSession`.
 
+**Pushed entries.** A head push usually carries the new journal entries themselves (see
+``sync._ops_journal``). The connection keeps them (the newest ``_KEEP_ROWS``) and answers the
+record's next ``journal.read`` from them, without a round trip, when they hold every position
+from the one asked for up to the newest position the connection knows the journal holds
+(from pushes and from answers: its own appends included); anything else (a hole, a position
+at or past that one, a new connection: the kept entries are dropped on every connect) is
+asked of the hub. So a read answered from them is what the hub answered, or would have,
+when its head was that position: no entry is skipped or given twice, whatever the order of
+pushes, answers and reconnects.
+
 **Offline.** When the connection drops, it is re-opened with exponential backoff (up to
 ``max_backoff`` seconds). Meanwhile writes go on locally and stay pending in the record's
 committer, whose appends wait for the connection (up to ``offline_timeout`` seconds, then
@@ -111,6 +121,8 @@ log = logging.getLogger("sync.client")
 
 SUBPROTOCOL = "crdtstore"
 _APPEND_BYTES = 4 * 1024 * 1024  # update bytes per journal.append request
+_KEEP_ROWS = 1024  # pushed journal entries kept per run (the newest), ...
+_KEEP_BYTES = 16 * 1024 * 1024  # ... and their update bytes at most
 _FINAL_CLOSES = {
     CloseCode.UNAUTHORIZED,
     CloseCode.FORBIDDEN,
@@ -205,6 +217,11 @@ class _Link:
         self.read_only = False
         self.connects = 0
         self._scope: anyio.CancelScope | None = None  # the open connection's session
+        # journal entries the hub pushed on this connection (by position), and the highest
+        # journal position this connection learnt of (pushes, answers): see `cached`
+        self.rows: dict[int, Row] = {}
+        self.rows_bytes = 0
+        self.known = 0
 
     def _fire(self) -> None:
         old, self.changed = self.changed, anyio.Event()
@@ -279,6 +296,7 @@ class _Link:
         self.session = ClientSession(PycrdtDocument(Doc()))
         self.ws = ws
         self.connects += 1
+        self.forget()  # a new connection (maybe to a restarted hub): nothing kept is trusted
         self.up.set()
         self._fire()
         self.journal._wake_run(self.run)  # resync: the tail re-reads after what it applied
@@ -297,7 +315,7 @@ class _Link:
                         waiter.event.set()
                 elif isinstance(message, Push):
                     if message.push == "head":
-                        self.journal._wake_run(self.run)
+                        self.pushed(message)
                     elif message.push == "leases":
                         self.journal._leases_changed()
         except ConnectionClosed as exc:
@@ -309,6 +327,69 @@ class _Link:
                 log.info("ws %s/%s: connection lost (%s)", self.journal.tenant, self.run, exc)
         except ProtocolError as exc:
             log.warning("ws %s/%s: %s; reconnecting", self.journal.tenant, self.run, exc)
+
+    # -- pushed journal entries ----------------------------------------------------------------
+
+    def forget(self) -> None:
+        self.rows = {}
+        self.rows_bytes = 0
+        self.known = 0
+
+    def saw(self, seq: int) -> None:
+        """The journal holds position ``seq`` (an answer said so)."""
+        if seq > self.known:
+            self.known = seq
+
+    def pushed(self, push: Push) -> None:
+        """A head push: keep its entries, then wake the run's readers."""
+        if push.rows:
+            try:
+                rows = [_row(item) for item in push.rows]
+            except BackendError as exc:  # kept nothing: the readers ask the hub
+                log.warning("ws %s/%s: %s (push ignored)", self.journal.tenant, self.run, exc)
+                rows = []
+            for row in rows:
+                if row.seq not in self.rows:
+                    self.rows[row.seq] = row
+                    self.rows_bytes += len(row.update)
+            if len(self.rows) > 2 * _KEEP_ROWS or self.rows_bytes > _KEEP_BYTES:
+                self._trim(max(self.rows) - _KEEP_ROWS)
+        self.saw(push.seq)
+        self.journal._wake_run(self.run, push.seq)
+
+    def _trim(self, upto: int) -> None:
+        """Drop the kept entries at positions up to ``upto``."""
+        if self.rows_bytes > _KEEP_BYTES:
+            self.rows, self.rows_bytes = {}, 0
+            return
+        self.rows = {s: r for s, r in self.rows.items() if s > upto}
+        self.rows_bytes = sum(len(r.update) for r in self.rows.values())
+
+    def cached(self, after: int, limit: int, skip_client: int) -> list[Row] | None:
+        """``journal.read(after, limit, skip_client)`` answered from the pushed entries, or
+        None (then ask the hub).
+
+        Only when they hold every position from ``after + 1`` up to the highest position
+        this connection knows the journal holds (``known``: pushes and answers), which the
+        hub's answer would start with: the answer is the one the hub gave when its journal
+        head was ``known``. Entries are never skipped (no hole is crossed) nor given twice
+        by a read from the same position; a read from ``known`` or later asks the hub (it
+        may hold more)."""
+        known, rows = self.known, self.rows
+        if after >= known or after + 1 not in rows:
+            return None
+        out: list[Row] = []
+        seq = after + 1
+        while seq <= known and len(out) < limit:
+            row = rows.get(seq)
+            if row is None:  # a hole: the hub knows
+                return None
+            if row.client_id != skip_client:
+                out.append(row)
+            seq += 1
+        if after in rows:  # read by position: those up to `after` are done with
+            self._trim(after)
+        return out
 
     def _abort(self, ws: Any) -> None:
         """Give up on ``ws`` (it did not answer in time): end its session now (its requests
@@ -449,7 +530,9 @@ class WsJournal(JournalBackend):
         self._links: dict[str, _Link] = {}
         self._lease_backends: list[RemoteLeases] = []
         self._tg: TaskGroup | None = None
-        self._wake: Callable[[str, str], None] | None = None
+        self._wake: Callable[..., None] | None = None
+        self.reads_kept = 0  # journal reads answered from pushed entries (tests, metrics)
+        self.reads_asked = 0  # journal.read requests sent to the hub
         self._state: Literal["new", "open", "closed"] = "new"
 
     def __repr__(self) -> str:
@@ -460,9 +543,15 @@ class WsJournal(JournalBackend):
     def bind(self, wake: Callable[[str, str], None]) -> None:
         self._wake = wake
 
-    def _wake_run(self, run: str) -> None:
+    def _wake_run(self, run: str, seq: int | None = None) -> None:
+        """Wake the readers of ``run`` (the store's notifier: ``wake(tenant, run, seq)``);
+        ``seq``, when known, the journal position the hub announced (readers that applied
+        it need not read)."""
         if self._wake is not None:
-            self._wake(self.tenant, run)
+            if seq is None:
+                self._wake(self.tenant, run)
+            else:
+                self._wake(self.tenant, run, seq)
 
     async def open(self) -> None:
         if self._state != "new":
@@ -631,7 +720,10 @@ class WsJournal(JournalBackend):
                     ) from None
         if not isinstance(got, list) or len(got) != len(chunk):
             raise BackendError("ws", f"malformed journal.append answer {got!r}")
-        return [int(s) for s in got]  # type: ignore[arg-type]
+        seqs = [int(s) for s in got]  # type: ignore[arg-type]
+        if seqs:
+            link.saw(max(seqs))
+        return seqs
 
     async def append_guarded(
         self,
@@ -658,12 +750,20 @@ class WsJournal(JournalBackend):
         got = await self.call(run, "journal.append_guarded", params)
         if type(got) is not int:
             raise BackendError("ws", f"malformed journal.append_guarded answer {got!r}")
+        (await self._link(tenant, run)).saw(got)
         return got
 
     async def read(
         self, tenant: str, run: str, after: int, limit: int = 10_000, *, skip_client: int = -1
     ) -> list[Row]:
-        await self._link(tenant, run)
+        """The run's entries after ``after``: from the entries the hub pushed when they
+        continue from ``after`` up to the newest position known (see ``_Link.cached``), else
+        from the hub (``journal.read``)."""
+        link = await self._link(tenant, run)
+        kept = link.cached(after, limit, skip_client)
+        if kept is not None:
+            self.reads_kept += 1
+            return kept
         out: list[Row] = []
         while len(out) < limit:
             params: dict[str, JsonValue] = {
@@ -671,12 +771,15 @@ class WsJournal(JournalBackend):
                 "limit": limit - len(out),
                 "skip_client": skip_client,
             }
+            self.reads_asked += 1
             got = await self.call(run, "journal.read", params)
             if not isinstance(got, dict) or not isinstance(got.get("rows"), list):
                 raise BackendError("ws", "malformed journal.read answer")
             rows = got["rows"]
             assert isinstance(rows, list)
             out.extend(_row(r) for r in rows)
+            if out:
+                link.saw(out[-1].seq)
             if not rows or got.get("more") is not True:
                 break
         return out
@@ -686,6 +789,7 @@ class WsJournal(JournalBackend):
         got = await self.call(run, "journal.head")
         if type(got) is not int:
             raise BackendError("ws", f"malformed journal.head answer {got!r}")
+        (await self._link(tenant, run)).saw(got)
         return got
 
     async def load_snapshot(self, tenant: str, run: str) -> SnapshotRow | None:

@@ -267,12 +267,17 @@ class Response(BaseModel):
 
 class Push(BaseModel):
     """An unasked notice from the hub to a crdtstore client: ``push`` says what (``head``:
-    the run's journal head moved to ``seq``; ``leases``: the tenant's leases changed)."""
+    the run's journal head moved to ``seq``; ``leases``: the tenant's leases changed).
+
+    A head push may carry ``rows``: the newest journal entries up to ``seq``, contiguous,
+    each as ``journal.read`` gives it (see ``sync._ops_journal``); left out of the JSON when
+    absent."""
 
     model_config = _MODEL_CONFIG
 
     push: Annotated[str, Field(max_length=64, pattern=OP_PATTERN)]
     seq: Annotated[StrictInt, Field(ge=0, le=MAX_SAFE_INTEGER)] = 0
+    rows: list[JsonValue] | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 Message = (

@@ -7,6 +7,17 @@ the hub's journal positions, so versions agree everywhere, and it writes through
 the tenant's leases change (:func:`push_leases`, which wakes remote lease waiters), and
 sends it no Yjs updates (their content may not be journaled yet).
 
+**Head pushes carry the new entries.** Per run, not per connection: one task per loaded run
+(handed over between its connections' :func:`push_heads` tasks) waits for the journal to
+grow, reads the new entries once from the hub's store and sends every crdtstore connection
+of the run the same frame ``{"push": "head", "seq": N, "rows": [row, ...]}``: the entries
+after the position pushed before, up to ``N``, each exactly as ``journal.read`` answers it.
+The client keeps them and answers its record's next ``journal.read`` from them when they
+continue where it reads from (one round trip less per update, see ``sync._client``). A
+larger jump (over ``MAX_PUSH_ROWS`` entries or ``MAX_PUSH_BYTES`` of updates) sends the head
+only, and the clients read. The head is also polled every ``HEAD_POLL`` seconds per run (a
+lost wake-up).
+
 Every op acts on the connection's run only. Bytes travel base64 (standard alphabet) in the
 JSON. Params and results::
 
@@ -54,13 +65,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 from pydantic import JsonValue
 
-from crdtstore import InvalidValue, PolicyViolation, StaleVersion
+from crdtstore import CrdtStoreError, InvalidValue, PolicyViolation, StaleVersion
 from crdtstore._journal import Row, RunRow
 from crdtstore._leases._engine import fence_error
 
@@ -70,11 +82,15 @@ from ._ops import OpContext, op
 if TYPE_CHECKING:
     from ._hub import _Conn
 
-__all__ = ["push_heads", "push_leases", "row_to_json"]
+__all__ = ["push_heads", "push_leases", "row_to_json", "run_pushes"]
+
+log = logging.getLogger("sync.hub")
 
 MAX_READ = 1000
 MAX_READ_BYTES = 4 * 1024 * 1024
-HEAD_POLL = 1.0  # seconds between head checks when no wake-up arrives
+HEAD_POLL = 1.0  # seconds between head checks (per run) when no wake-up arrives
+MAX_PUSH_ROWS = 64  # entries sent with a head push; more at once: the head only
+MAX_PUSH_BYTES = 256 * 1024  # update bytes sent with a head push; more: the head only
 
 
 def b64(data: bytes) -> str:
@@ -242,6 +258,7 @@ async def _append(ctx: OpContext, updates: list[bytes], client_id: int, **guards
                 room.broadcast(encode(Update(row.update)))
     for update in updates:
         room.broadcast(encode(Update(update)), exclude=ctx.conn)
+    await _push_committed(ctx, seqs)
     return seqs
 
 
@@ -306,32 +323,143 @@ async def _journal_append_guarded(ctx: OpContext, params: dict[str, JsonValue]) 
     return seq
 
 
+class _RunPushes:
+    """The head pushes of one loaded run (one per :class:`~sync._hub._Room`), shared by its
+    crdtstore connections: one of their :func:`push_heads` tasks, the *leader*, watches the
+    journal and sends every push to all of them; when its connection leaves, another takes
+    over from where it stopped (``last``)."""
+
+    __slots__ = ("busy", "conns", "last", "leader", "reads", "vacant")
+
+    def __init__(self) -> None:
+        self.conns: dict[_Conn, None] = {}  # in joining order
+        self.leader: _Conn | None = None
+        self.vacant = anyio.Event()  # set (and replaced) when the leader leaves
+        self.last = -1  # the journal position pushed up to (-1: not started)
+        self.reads = 0  # journal reads made for pushes (tests, metrics)
+        self.busy = False  # a task is reading and pushing (see _push_new)
+
+
+_PUSHES: dict[object, _RunPushes] = {}  # by room
+
+
+def run_pushes(room: object) -> _RunPushes | None:
+    """The push state of ``room`` while a crdtstore connection of it is open (tests)."""
+    return _PUSHES.get(room)
+
+
 async def push_heads(conn: _Conn) -> None:
-    """Send ``conn`` (a crdtstore client) a :class:`Push` whenever its run's journal grows,
-    until cancelled: on every wake-up of the store's notifier (this process's commits and,
-    on SQLite, other processes'), and when a slow poll of the journal head finds it moved
-    (in case a wake-up was lost). ``seq`` is the highest position the hub knows of; the
-    client reads from where it is, so an early or repeated push costs one read."""
+    """Keep ``conn`` (a crdtstore client) told of its run's journal, until cancelled.
+
+    Per run, not per connection: the first connection's task leads (see :class:`_RunPushes`
+    and :func:`_lead`), the others only wait to take over if it leaves."""
+    room = conn.room
+    state = _PUSHES.get(room)
+    if state is None:
+        state = _PUSHES[room] = _RunPushes()
+    state.conns[conn] = None
+    try:
+        while True:
+            if state.leader is None:
+                state.leader = conn
+                try:
+                    await _lead(conn, state)
+                finally:
+                    state.leader = None
+                    vacant, state.vacant = state.vacant, anyio.Event()
+                    vacant.set()
+            else:
+                await state.vacant.wait()
+    finally:
+        state.conns.pop(conn, None)
+        if not state.conns and _PUSHES.get(room) is state:
+            del _PUSHES[room]
+
+
+async def _lead(conn: _Conn, state: _RunPushes) -> None:
+    """Send every crdtstore connection of ``conn``'s run a :class:`Push` whenever the run's
+    journal grows: on every wake-up of the store's notifier (this process's commits and, on
+    SQLite, other processes') that may announce something new, and every ``HEAD_POLL``
+    seconds (a wake-up may be lost).
+
+    The new entries are read once for the run and sent with the head, as ``journal.read``
+    answers them (``{"push": "head", "seq": N, "rows": [row, ...]}``, the same frame to
+    every connection), so that a client's next read is answered without a round trip (see
+    ``sync._client``). More than ``MAX_PUSH_ROWS`` entries or ``MAX_PUSH_BYTES`` of updates
+    at once: only the head is sent, and the clients read. ``seq`` is the highest position
+    pushed; a client reads from where it is, so an early or repeated push costs nothing
+    wrong."""
     rec = conn.room.rec
     assert rec is not None
     store, tenant, run = rec._store, conn.room.tenant, conn.room.run
+    backend = store.backend
     watch = store._notifier.watch(tenant, run)
-    last = -1
     try:
         while True:
             event = watch.event
-            with anyio.move_on_after(HEAD_POLL) as poll:
-                await event.wait()
-            if poll.cancelled_caught:  # no wake-up for a while: ask the journal itself
-                head = await store.backend.head(tenant, run)
-                if head == last:
-                    continue
-            else:  # a commit here or a wake-up from another process
-                head = max(rec.applied_seq, rec.replica.head, last)
-            conn.send(encode(Push(push="head", seq=head)))
-            last = head
+            blind, announced = watch.blind, watch.head
+            try:
+                if state.last < 0:  # the clients read what is there already themselves...
+                    head = await backend.head(tenant, run)
+                    if state.last < 0:
+                        state.last = head
+                        # ... but one may have read before the entries up to here: tell them
+                        frame = encode(Push(push="head", seq=head))
+                        for c in list(state.conns):
+                            c.send(frame)
+                else:
+                    await _push_new(backend, tenant, run, state)
+            except CrdtStoreError as exc:  # a busy or failing store: try again at the poll
+                log.warning("head push of %s/%s: %s", tenant, run, exc)
+                await anyio.sleep(HEAD_POLL)
+                continue
+            # read again only for a wake-up since this read that may announce more (never
+            # spin on an announced position the journal does not hold)
+            while watch.blind == blind and watch.head <= max(state.last, announced):
+                with anyio.move_on_after(HEAD_POLL) as poll:
+                    await event.wait()
+                if poll.cancelled_caught:  # no wake-up for a while: ask the journal itself
+                    break
+                event = watch.event  # announced what was pushed already: wait again
     finally:
         store._notifier.unwatch(tenant, run)
+
+
+async def _push_new(backend: Any, tenant: str, run: str, state: _RunPushes) -> None:
+    """Push what the journal holds after ``state.last`` (nothing if another task is doing
+    so: the leader then reads again, woken by the commit that the other one may miss)."""
+    if state.busy:
+        return
+    state.busy = True
+    try:
+        state.reads += 1
+        rows: list[Row] = await backend.read(tenant, run, state.last, MAX_PUSH_ROWS + 1)
+        if not rows:
+            return
+        size = sum(len(r.update) for r in rows)
+        if len(rows) > MAX_PUSH_ROWS or size > MAX_PUSH_BYTES:
+            head = max(rows[-1].seq, await backend.head(tenant, run))
+            frame = encode(Push(push="head", seq=head))
+        else:
+            head = rows[-1].seq
+            frame = encode(Push(push="head", seq=head, rows=[row_to_json(r) for r in rows]))
+        state.last = max(state.last, head)
+        for c in list(state.conns):
+            c.send(frame)
+    finally:
+        state.busy = False
+
+
+async def _push_committed(ctx: OpContext, seqs: list[int]) -> None:
+    """Push a client's entries that the hub just journaled, before answering it (a task
+    switch sooner than the leader would; the leader then finds nothing new)."""
+    state = _PUSHES.get(ctx.conn.room)
+    if state is None or state.last < 0 or not seqs or max(seqs) <= state.last:
+        return
+    try:
+        await _push_new(ctx.store.backend, ctx.tenant, ctx.run, state)
+    except CrdtStoreError as exc:  # the leader tries again
+        log.warning("head push of %s/%s: %s", ctx.tenant, ctx.run, exc)
 
 
 async def push_leases(conn: _Conn) -> None:

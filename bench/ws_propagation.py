@@ -1,0 +1,413 @@
+"""Propagation between Python agents through the hub (``ws://`` stores), with two baselines.
+
+    python bench/ws_propagation.py            # 600 writes at 100/s, 1 / 4 / 8 readers
+    python bench/ws_propagation.py --quick    # 200 writes
+    python bench/ws_propagation.py --readers 1,8 --repeat 2
+
+One writer agent and R reader agents, every agent a process of its own, and the hub a process
+of its own (``python -m sync --store sqlite:///...``, as an operator starts it). The writer
+opens the run's record on a ``ws://`` store (read-write token) and, paced at ``--rate``
+writes per second, sets ``m["w<i>"] = i`` (``await rec.map("m").set(...)``, the record's
+default durability), taking ``time.monotonic_ns()`` just before the call. Each reader opens
+the same run on a ``ws://`` store of its own (read-only token), iterates
+``rec.changes(local=False)`` and stamps every ``w<i>`` it sees with ``time.monotonic_ns()``
+(one machine, one clock). Latency = arrival in a reader's record - the writer's stamp, over
+every (write, reader) pair; the first ``SKIP`` writes are left out (connection warm-up).
+Also reported: a reader process's CPU time per write while it received (median over the
+readers; not measured for the Yjs observers).
+
+Baselines in the same run, same pacing and counts:
+
+- **Yjs peers through the same hub**: a plain Yjs writer and R plain Yjs observers on raw
+  WebSockets (``bench/_hub_peers.py``: a pycrdt doc speaking y-protocols; observers stamp the
+  update frame's arrival without applying it), on another run of the same hub process.
+- **SQLite direct**: the same writer and readers as above on ``sqlite:///`` (a separate store
+  file; no hub): what ``bench/propagation.py`` measures, with this harness.
+
+Prints a table (p50/p90/p99/max, samples, entries missing, load average before each trial)
+and the ratios ws:// / Yjs-through-hub and ws:// / SQLite-direct, then the ``BENCH-RESULT``
+lines. ``--repeat R`` runs every configuration R times (the kinds alternating); the summary
+takes the median over the repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from _common import Result, fmt, header, median, percentile, table
+
+HERE = Path(__file__).resolve().parent
+TENANT = "bench"
+SKIP = 10  # first writes not counted (connection and page-cache warm-up)
+KINDS = ("ws", "yjs", "sqlite")
+LABELS = {
+    "ws": "crdtstore ws:// through the hub",
+    "yjs": "plain Yjs peers through the hub",
+    "sqlite": "crdtstore sqlite:// direct",
+}
+_LISTENING = re.compile(r"crdtstore hub listening on ws://127\.0\.0\.1:(\d+)")
+
+
+def _line(text: str) -> None:
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+# -- agent processes ------------------------------------------------------------------------------
+
+
+def agent(role: str, url: str, run: str, token: str | None, n: int, rate: float) -> None:
+    """A writer or a reader (see the module docstring); protocol on stdout/stdin: ``READY``,
+    (writer) ``GO`` read, then ``RESULT {json}``."""
+    import anyio
+    import anyio.to_thread
+
+    import crdtstore
+
+    options: dict[str, Any] = {"tenant": TENANT} if token is None else {"token": token}
+
+    async def main() -> dict[str, Any]:
+        async with (
+            crdtstore.open_store(url, **options) as store,
+            store.open_record(run, role, "tool") as rec,
+        ):
+            if role == "writer":
+                m = rec.map("m")
+                await m.set("ready", 1)
+                await rec.flush()
+                _line("READY")
+                await anyio.to_thread.run_sync(sys.stdin.readline)
+                sent = [0] * n
+                t0 = time.monotonic()
+                for i in range(n):
+                    delay = t0 + i / rate - time.monotonic()
+                    if delay > 0:
+                        await anyio.sleep(delay)
+                    sent[i] = time.monotonic_ns()
+                    await m.set(f"w{i}", i)
+                await rec.flush()
+                return {"sent": sent}
+            arrivals = [0] * n
+            seen = 0
+            stream = rec.changes(local=False, buffer=100_000)
+            _line("READY")
+            cpu0 = time.process_time()
+            with anyio.move_on_after(n / rate + 60):
+                async for change in stream:
+                    now = time.monotonic_ns()
+                    for op in change.ops:
+                        if op[0] == "map" and op[2] == "set" and str(op[3]).startswith("w"):
+                            i = int(str(op[3])[1:])
+                            if i < n and not arrivals[i]:
+                                arrivals[i] = now
+                                seen += 1
+                    if seen >= n:
+                        break
+            cpu = time.process_time() - cpu0
+            return {"arrivals": arrivals, "lost": stream.lost, "cpu": cpu}
+
+    _line("RESULT " + json.dumps(anyio.run(main)))
+
+
+# -- parent ---------------------------------------------------------------------------------------
+
+
+def _spawn(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=HERE,
+    )
+
+
+def _readline(proc: subprocess.Popen[str], expect: str) -> str:
+    assert proc.stdout is not None
+    while True:
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"{proc.args!r} exited (code {proc.wait()}) before {expect!r}")
+        if line.startswith(expect):
+            return line[len(expect) :].strip()
+
+
+def _tell(proc: subprocess.Popen[str], text: str = "GO") -> None:
+    stdin: IO[str] | None = proc.stdin
+    assert stdin is not None
+    stdin.write(text + "\n")
+    stdin.flush()
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+class Hub:
+    """``python -m sync`` on a SQLite store, in a process of its own."""
+
+    def __init__(self, store: str, secret: str) -> None:
+        self.secret = secret
+        env = {**os.environ, "CRDTSTORE_SECRET": secret}
+        argv = [sys.executable, "-m", "sync", "--store", store, "--host", "127.0.0.1"]
+        self.proc = subprocess.Popen(
+            [*argv, "--port", "0"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=HERE,  # (not the repository: PYTHONPATH may name another copy of the code)
+        )
+        assert self.proc.stderr is not None
+        deadline = time.monotonic() + 60
+        while True:
+            line = self.proc.stderr.readline()
+            found = _LISTENING.search(line)
+            if found:
+                self.port = int(found.group(1))
+                break
+            if not line or time.monotonic() > deadline:
+                raise RuntimeError(f"the hub did not start (exit code {self.proc.poll()})")
+        # keep draining its log, or a full pipe would stall it
+        import threading
+
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self) -> None:
+        assert self.proc.stderr is not None
+        for _ in self.proc.stderr:
+            pass
+
+    def token(self, run: str, agent: str, mode: str) -> str:
+        from sync import TokenClaims, mint
+
+        claims = TokenClaims.model_validate(
+            {"tenant": TENANT, "run": run, "agent": agent, "mode": mode, "exp": 2**31 - 1}
+        )
+        return mint(self.secret.encode(), claims)
+
+    def stop(self) -> None:
+        _stop(self.proc)  # type: ignore[arg-type]
+
+
+_trials = 0
+
+
+def trial(
+    kind: str, hub: Hub, sqlite_url: str, readers: int, n: int, rate: float
+) -> dict[str, Any]:
+    """One writer and ``readers`` readers of ``kind`` on a fresh run: latencies in ms."""
+    global _trials
+    _trials += 1
+    run = f"t{_trials}-{kind}-{readers}"
+    load = os.getloadavg()[0]
+    procs: list[subprocess.Popen[str]] = []
+    me = str(Path(__file__).resolve())
+    cpu: list[float] = []  # CPU seconds of each reader process while it received
+    try:
+        if kind == "yjs":
+            base = f"ws://127.0.0.1:{hub.port}/{TENANT}/{run}"
+            w_url = f"{base}?token={hub.token(run, 'writer', 'rw')}"
+            writer = _spawn([str(HERE / "_hub_peers.py"), "writer", w_url, "--n", str(n),
+                             "--rate", str(rate)])  # fmt: skip
+            procs.append(writer)
+            _readline(writer, "SYNCED")
+            urls = [f"{base}?token={hub.token(run, f'r{i}', 'ro')}" for i in range(readers)]
+            obs = [_spawn([str(HERE / "_hub_peers.py"), "observers", u, "--n", str(n),
+                           "--deadline", str(n / rate + 60)]) for u in urls]  # fmt: skip
+            procs += obs
+            for p in obs:
+                _readline(p, "READY")
+            _tell(writer)
+            for p in obs:
+                _readline(p, "DONE")
+            sent = json.loads(_readline(writer, "RESULT "))["sent"]
+            for p in [writer, *obs]:
+                _tell(p)
+            arrivals = [json.loads(_readline(p, "RESULT "))["arrivals"][0] for p in obs]
+        else:
+            if kind == "ws":
+                url = f"ws://127.0.0.1:{hub.port}/{TENANT}"
+
+                def tok(agent: str, mode: str) -> str:
+                    return hub.token(run, agent, mode)
+            else:
+                url = sqlite_url
+
+                def tok(agent: str, mode: str) -> str:
+                    return "-"
+
+            common = ["--n", str(n), "--rate", str(rate), "--run", run, "--url", url]
+            writer = _spawn([me, "--agent", "writer", "--token", tok("writer", "rw"), *common])
+            procs.append(writer)
+            _readline(writer, "READY")  # the run exists now
+            rs = [
+                _spawn([me, "--agent", "reader", "--token", tok(f"r{i}", "ro"), *common])
+                for i in range(readers)
+            ]
+            procs += rs
+            for p in rs:
+                _readline(p, "READY")
+            _tell(writer)
+            sent = json.loads(_readline(writer, "RESULT "))["sent"]
+            results = [json.loads(_readline(p, "RESULT ")) for p in rs]
+            arrivals = [r["arrivals"] for r in results]
+            cpu = [r["cpu"] for r in results]
+        lat: list[float] = []
+        missing = 0
+        for arr in arrivals:
+            for i, at in enumerate(arr):
+                if not at:
+                    missing += 1
+                elif i >= SKIP:
+                    lat.append((at - sent[i]) / 1e6)
+        return {
+            "kind": kind,
+            "readers": readers,
+            "load": load,
+            "n": len(lat),
+            "p50": percentile(lat, 50),
+            "p90": percentile(lat, 90),
+            "p99": percentile(lat, 99),
+            "max": max(lat) if lat else float("nan"),
+            "missing": missing,
+            "reader_cpu_us": median(cpu) / n * 1e6 if cpu else float("nan"),
+        }
+    finally:
+        for p in procs:
+            _stop(p)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="200 writes per trial")
+    ap.add_argument("-n", "--n", type=int, default=None, help="writes per trial (default 600)")
+    ap.add_argument("--rate", type=float, default=100.0, help="writes per second")
+    ap.add_argument("--readers", default="1,4,8", help="comma-separated reader counts")
+    ap.add_argument("--kinds", default=",".join(KINDS), help="which of ws,yjs,sqlite")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of every configuration")
+    # an agent process (internal)
+    ap.add_argument("--agent", choices=("writer", "reader"), help=argparse.SUPPRESS)
+    ap.add_argument("--url", help=argparse.SUPPRESS)
+    ap.add_argument("--run", help=argparse.SUPPRESS)
+    ap.add_argument("--token", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    n = args.n or (200 if args.quick else 600)
+    if args.agent:
+        agent(args.agent, args.url, args.run, None if args.token == "-" else args.token, n,
+              args.rate)  # fmt: skip
+        return 0
+    readers = [int(r) for r in args.readers.split(",")]
+    kinds = [k for k in args.kinds.split(",") if k]
+    header("ws_propagation: writer's set -> rec.changes() in reader processes", args)
+    by: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    rows: list[list[Any]] = []
+    with tempfile.TemporaryDirectory(prefix="crdtstore-bench-") as tmp:
+        hub = Hub(f"sqlite:///{Path(tmp) / 'hub.db'}", secrets.token_hex(16))
+        try:
+            for rep in range(args.repeat):
+                for r in readers:
+                    for kind in kinds:
+                        sqlite_url = f"sqlite:///{Path(tmp) / f'direct{rep}-{r}.db'}"
+                        res = trial(kind, hub, sqlite_url, r, n, args.rate)
+                        by.setdefault((kind, r), []).append(res)
+                        rows.append(
+                            [
+                                LABELS[kind],
+                                r,
+                                f"{res['load']:.1f}",
+                                f"{res['n']:,}",
+                                fmt(res["p50"], "ms"),
+                                fmt(res["p90"], "ms"),
+                                fmt(res["p99"], "ms"),
+                                fmt(res["max"], "ms"),
+                                res["missing"],
+                                fmt(res["reader_cpu_us"], "us"),
+                            ]
+                        )
+                        print(f"   done: {kind} x{r} (load {res['load']:.2f} before)", flush=True)
+        finally:
+            hub.stop()
+    print()
+    print(
+        f"1 writer, {n} writes at {args.rate:g}/s; latency = arrival in a reader's record "
+        "(or frame, Yjs) - the writer's stamp before set; load = 1-min load average before"
+    )
+    table(
+        [
+            "variant",
+            "readers",
+            "load",
+            "samples",
+            "p50",
+            "p90",
+            "p99",
+            "max",
+            "missing",
+            "reader CPU/write",
+        ],
+        rows,
+    )
+    print()
+    summary: list[list[Any]] = []
+    results: list[Result] = []
+    for r in readers:
+        fig = {
+            k: {q: median([x[q] for x in by[(k, r)]]) for q in ("p50", "p99")}
+            for k in kinds
+            if (k, r) in by
+        }
+        if "ws" not in fig:
+            continue
+        cells: list[Any] = [r]
+        for q in ("p50", "p99"):
+            cells.append(fmt(fig["ws"][q], "ms"))
+            for base in ("yjs", "sqlite"):
+                if base in fig:
+                    cells.append(f"{fig['ws'][q] / fig[base][q]:.2f}x")
+                else:
+                    cells.append("-")
+        summary.append(cells)
+        for q in ("p50", "p99"):
+            yjs = fig.get("yjs", {}).get(q)
+            results.append(
+                Result(
+                    "ws_propagation",
+                    f"ws:// {q} latency, {r} readers",
+                    fig["ws"][q],
+                    "ms",
+                    yjs,
+                    fig["ws"][q] / yjs if yjs else None,
+                    "(vs Yjs peers through the same hub)",
+                    None,
+                )
+            )
+    table(
+        ["readers", "ws:// p50", "/ Yjs", "/ SQLite", "ws:// p99", "/ Yjs", "/ SQLite"],
+        summary,
+    )
+    for res in results:
+        res.emit()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
