@@ -27,6 +27,14 @@ growth in GC-tracked objects (the memory journal keeps old rows packed and untra
 ``--no-auto-compact`` opens the store with ``auto_compact=None``: the write path alone, without
 the background compactions that the default store runs every 10,000 entries (on memory:// in
 the same process, so their CPU time counts on the record's side).
+
+``--loop KIND N`` runs one untimed loop of N writes (``raw1``, ``raw500``: raw pycrdt, 1 or 500
+sets per transaction; ``single``, ``txn``, ``update``: the record, one set per call, 500 per
+``rec.transaction()``, 500 per ``map.update``), for an instruction count on a shared machine::
+
+    valgrind --tool=callgrind --callgrind-out-file=/dev/null \
+        .venv/bin/python bench/local_write.py --loop single 5000
+    # instructions per write: (I(5000) - I(1000)) / 4000 (the difference cancels start-up)
 """
 
 from __future__ import annotations
@@ -187,6 +195,44 @@ async def rec_update(rec: crdtstore.Record, n: int) -> None:
         await m.update({f"k{i}": i for i in range(start, min(start + BATCH, n))})
 
 
+def loop(kind: str, n: int) -> None:
+    """``--loop``: one untimed loop of ``n`` writes (see the module docstring)."""
+    keys = [f"k{i}" for i in range(n)]
+    if kind.startswith("raw"):
+        batch = int(kind[3:])
+        doc: Doc[Any] = Doc()
+        m = doc.get("m", type=Map)
+        updates: list[bytes] = []
+        doc.observe(lambda event: updates.append(event.update))
+        for start in range(0, n, batch):
+            with doc.transaction():
+                for i in range(start, min(start + batch, n)):
+                    m[keys[i]] = i
+        return
+
+    async def run() -> None:
+        async with (
+            crdtstore.open_store("memory://", auto_compact=None) as store,
+            store.open_record("bench", "writer", "tool") as rec,
+        ):
+            m = rec.map("m")
+            if kind == "single":
+                for i in range(n):
+                    await m.set(keys[i], i)
+            for start in range(0, n if kind != "single" else 0, 500):
+                part = range(start, min(start + 500, n))
+                if kind == "txn":
+                    async with rec.transaction():
+                        for i in part:
+                            await m.set(keys[i], i)
+                else:
+                    await m.update({keys[i]: i for i in part})
+            await rec.flush()
+            assert len(m) == n
+
+    anyio.run(run)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="20k writes, 3 repeats")
@@ -202,7 +248,19 @@ def main(argv: list[str] | None = None) -> int:
         help="open the store with auto_compact=None (the write path alone)",
     )
     ap.add_argument("--long", type=int, default=0, help="only N single sets, with GC figures")
+    ap.add_argument(
+        "--loop",
+        nargs=2,
+        metavar=("KIND", "N"),
+        help="one untimed loop (raw1, raw500, single, txn, update) for callgrind",
+    )
     args = ap.parse_args(argv)
+    if args.loop:
+        kind, count = args.loop[0], int(args.loop[1])
+        if kind not in ("raw1", "raw500", "single", "txn", "update"):
+            ap.error(f"unknown loop {kind!r}")
+        loop(kind, count)
+        return 0
     if args.no_auto_compact:
         STORE_OPTIONS["auto_compact"] = None
     if args.long:

@@ -16,10 +16,10 @@ from pydantic import BaseModel
 from ._errors import InvalidValue
 from ._journal import Op
 from ._models import Conflict, Sibling, Version
-from ._names import check_key
-from ._replica import apply_text_edits, text_diff
+from ._names import MAX_KEY_LENGTH, check_key
+from ._replica import Replica, apply_text_edits, text_diff
 from ._semantics import validate_value
-from ._values import from_stored, to_stored
+from ._values import encodable, from_stored, to_stored
 
 if TYPE_CHECKING:
     from ._leases import Lease
@@ -154,22 +154,32 @@ class MapCollection(_Collection):
             StaleVersion: (guarded) the version moved; carries the current version and value.
             LeaseLost: (fenced) the lease is gone, superseded or does not cover the key.
         """
-        check_key(key)
+        if (
+            type(key) is not str
+            or not key
+            or len(key) > MAX_KEY_LENGTH
+            or "\x00" in key
+            or not key.isascii()
+        ):
+            check_key(key)  # (what it checks, inlined for a usual key: the hot path)
         rec = self._rec
         name = self.name
-        # (what _in does, inlined: this is the hot path of a local write)
+        # (what _in does, inlined)
         model = self._model or rec._models.get(name)
         if model is not None:
             value = validate_value(None, model, name, key, value)
         stored = to_stored(value)
-        apply = partial(self._root.__setitem__, key, stored)  # no Python frame of its own
-        ops: list[Op] = [["map", name, "set", key, stored]]
+        op: Op = ["map", name, "set", key, stored]
         if expected_version is None and based_on is None and lease is None:
-            if rec._txn_task is not None:
-                await rec._write(ops, apply)
-            elif rec._write_now(ops, apply):  # the hot path: no second coroutine
-                await rec._after_write()
+            if rec._txn_task is None:
+                # the hot path: no second coroutine, no apply callable (Replica.local_set)
+                if rec._write_now([op], None, self._root):
+                    await rec._after_write()
+            elif not rec._set_in_txn(self._root, op):  # another task's transaction is open
+                await rec._write([op], partial(self._root.__setitem__, key, stored))
         else:
+            apply = partial(self._root.__setitem__, key, stored)  # no Python frame of its own
+            ops: list[Op] = [op]
             await self._rec._write_guarded(
                 self.name,
                 key,
@@ -197,13 +207,9 @@ class MapCollection(_Collection):
         items = [(check_key(k), self._in(k, v)) for k, v in dict(values).items()]
         if not items:
             return
-        root = self._root
-
-        def apply() -> None:
-            for k, v in items:
-                root[k] = v
-
-        await self._rec._write([["map", self.name, "set", k, v] for k, v in items], apply)
+        name = self.name
+        apply = partial(Replica.set_items, self._root, items)
+        await self._rec._write([["map", name, "set", k, v] for k, v in items], apply)
 
     async def delete(
         self,
@@ -506,6 +512,8 @@ class TextCollection(_Collection):
             raise InvalidValue(f"text must be a str, not {type(new_text).__name__}")
         if "\x00" in new_text:
             raise InvalidValue("text must not contain NUL")
+        if not new_text.isascii() and not encodable(new_text):
+            raise InvalidValue("text must be valid Unicode (no lone surrogates)")
         edits = text_diff(str(self._root), new_text)
         if not edits:
             return
@@ -521,6 +529,8 @@ class TextCollection(_Collection):
         """Insert ``text`` at character ``index``. Raises ``IndexError``, ``InvalidValue``."""
         if not isinstance(text, str) or "\x00" in text:
             raise InvalidValue("text must be a str without NUL")
+        if not text.isascii() and not encodable(text):
+            raise InvalidValue("text must be valid Unicode (no lone surrogates)")
         current = str(self._root)
         n = len(current)
         if type(index) is not int or not 0 <= index <= n:

@@ -10,6 +10,7 @@ from functools import lru_cache
 from typing import Literal
 
 from ._errors import InvalidName
+from ._values import encodable
 
 MAX_NAME_LENGTH = 128
 MAX_KEY_LENGTH = 1024
@@ -34,6 +35,8 @@ def _check(kind: str, name: str) -> str:
             raise InvalidName(kind, name, "must not contain a path separator")
         if ord(ch) < 0x20 or ord(ch) == 0x7F:
             raise InvalidName(kind, name, "must not contain NUL or control characters")
+    if not name.isascii() and not encodable(name):
+        raise InvalidName(kind, name, "must be valid Unicode (no lone surrogates)")
     if ".." in name or name == ".":
         raise InvalidName(kind, name, "must not be '.' or contain '..'")
     if kind == "collection" and name.startswith(RESERVED_PREFIX):
@@ -54,13 +57,16 @@ def check_name(kind: NameKind, name: object) -> str:
 
 
 def check_key(key: object) -> str:
-    """Return ``key`` if it can be a map key (any non-empty bounded string without NUL).
+    """Return ``key`` if it can be a map key (any non-empty bounded string without NUL or
+    lone surrogates).
 
     Raises:
-        InvalidName: not a string, empty, too long or containing NUL.
+        InvalidName: not a string, empty, too long, containing NUL or a lone surrogate.
     """
     if type(key) is not str:
         raise InvalidName("key", key, f"must be a str, not {type(key).__name__}")
     if not key or len(key) > MAX_KEY_LENGTH or "\x00" in key:
         raise InvalidName("key", key, f"must be 1 to {MAX_KEY_LENGTH} characters without NUL")
+    if not key.isascii() and not encodable(key):
+        raise InvalidName("key", key, "must be valid Unicode (no lone surrogates)")
     return key

@@ -155,7 +155,9 @@ class Record:
         self._commit_event = anyio.Event()
         self._pending_event = anyio.Event()
         self._committer_idle = False  # waiting on _pending_event (cheaper than is_set())
-        self._commit_lock = anyio.Lock()  # one journal append of this record at a time
+        # one journal append of this record at a time (taken without a checkpoint when free:
+        # the committer takes it once per batch, and a flush waits for that)
+        self._commit_lock = anyio.Lock(fast_acquire=True)
         self._failure: BaseException | None = None
         self._read_only: ReadOnlyAccess | None = None  # writes refused before any change
         # journal positions of entries made on a scratch copy (remote guarded writes) that
@@ -463,13 +465,16 @@ class Record:
         if self._write_now(ops, apply):
             await self._after_write()
 
-    def _write_now(self, ops: _List[Op], apply: Callable[[], None]) -> bool:
+    def _write_now(
+        self, ops: _List[Op], apply: Callable[[], None] | None, root: Any = None
+    ) -> bool:
         """The synchronous part of a write outside a transaction (callers check that
         ``_txn_task`` is None): check, apply, queue the journal entry. Return whether the
         caller must ``await self._after_write()`` (durable mode, or a full queue).
 
         A collection's write calls this directly when no transaction is open, which saves
-        the ``_write`` coroutine on the hot path."""
+        the ``_write`` coroutine on the hot path. ``apply`` None: ``ops`` is one map set
+        and ``root`` that map's root (:meth:`Replica.local_set` applies it)."""
         if self._state != "open" or self._failure is not None or self._read_only is not None:
             self._check_writable()
         # Policies and budgets are checked before the document is touched (no rollback).
@@ -479,7 +484,10 @@ class Record:
         meta: Meta = _tuple_new(Meta, (self.agent, self.source, _time(), None, self._origin))
         replica = self.replica
         try:
-            update = replica.local(ops, apply, meta)
+            if apply is None:
+                update = replica.local_set(root, ops, meta)
+            else:
+                update = replica.local(ops, apply, meta)
         except BaseException:
             partial, replica.partial_update = replica.partial_update, None
             if partial is not None:
@@ -498,6 +506,27 @@ class Record:
         if usage is not None:
             apply_budgets(usage)
         return self.durability == "durable" or len(pending) > self._max_pending
+
+    def _set_in_txn(self, root: Any, op: Op) -> bool:
+        """One map set ``op`` (``["map", name, "set", key, stored]`` on ``root``) inside the
+        running task's open transaction: :meth:`_write`'s transaction branch without its
+        coroutine. Return False, doing nothing, when the open transaction is another task's
+        (the caller then awaits :meth:`_write`, which waits for it to end)."""
+        if _TXN.get() is not self._txn_task:
+            return False
+        if self._state != "open" or self._failure is not None or self._read_only is not None:
+            self._check_writable()
+        txn_meta = self._txn_meta
+        assert txn_meta is not None
+        if self._specs:
+            usage = self._enforce([op], conditional=False)
+            self.replica.do_set(root, op[1], op[3], op[4], txn_meta)
+            self._txn_ops.append(op)
+            self._account(usage)
+        else:
+            self.replica.do_set(root, op[1], op[3], op[4], txn_meta)
+            self._txn_ops.append(op)
+        return True
 
     # -- policies, budgets, versions ------------------------------------------------------------
 
@@ -928,8 +957,7 @@ class Record:
                     raise StaleVersion(based_on[0], None, based_on[1], now_seq)
             if self._enforcing():
                 guarded = expected is not None or based_on is not None or fence is not None
-                scratch = Replica(max_update=self.replica.max_update)
-                scratch.apply_update(self.replica.doc.get_update())
+                scratch = self.replica.trial_copy()
                 try:
                     for update in updates:  # in order, each on top of the ones before
                         ops = policed(scratch.apply_external(update, checked=True)[0])
@@ -1202,9 +1230,9 @@ class Record:
                 del batch, seqs  # do not hold the last batch while idle
 
     def _entries(self, batch: _List[tuple[bytes, _List[Op], Meta]]) -> _List[NewEntry]:
-        cid, new = self.replica.client_id, _tuple_new
+        cid, new, crc = self.replica.client_id, _tuple_new, checksum
         return [
-            new(NewEntry, (agent, source, cid, wall, u, ops, checksum(u), run))
+            new(NewEntry, (agent, source, cid, wall, u, ops, crc(u), run))
             for u, ops, (agent, source, wall, _, run) in batch
         ]
 
@@ -1212,8 +1240,11 @@ class Record:
         self, batch: _List[tuple[bytes, _List[Op], Meta]], seqs: _List[int]
     ) -> None:
         pending = self._pending
-        for _ in batch:
-            pending.popleft()
+        if len(pending) == len(batch):  # the usual case: nothing was written meanwhile
+            pending.clear()
+        else:
+            for _ in batch:
+                pending.popleft()
         self.replica.journaled_many(batch, seqs)
         if seqs and seqs[0] == self.applied_seq + 1 and seqs[-1] == seqs[0] + len(seqs) - 1:
             # nothing of another writer's lies before them: the tail, woken by the notify
@@ -1321,8 +1352,10 @@ class Record:
         """Merge update bytes made elsewhere (another Yjs/pycrdt document) into the record,
         journaled as a write of this record's agent.
 
-        Only what the update actually adds is journaled (the delta the document integrated),
-        with its effect (map sets and deletes, list and text inserts and deletes), so
+        The update is journaled (merged with what the document integrated from it) with its
+        effect: every map set it carries that the document did not hold, a set that lost LWW
+        against a concurrent one included (``history`` lists it; provenance names only the
+        value the document shows), map deletes, list and text inserts and deletes; so
         provenance, history and ``changes()`` attribute what it wrote to this record's agent.
         Root types it writes that the collection registry does not name (a plain Yjs
         client's ``doc.getMap("notes")``) are registered with the kind their items show, in
@@ -1353,8 +1386,7 @@ class Record:
             or spec.max_value_bytes is not None
             for spec in self._specs.values()
         ):
-            scratch = Replica(max_update=self.replica.max_update)
-            scratch.apply_update(self.replica.doc.get_update())
+            scratch = self.replica.trial_copy()
             ops = policed(scratch.apply_external(update, register=True, checked=True)[0])
             self._enforce(ops, conditional=False)
         meta = Meta(self.agent, self.source, now(), None, self._origin)

@@ -11,8 +11,9 @@ replay and the simulator all drive. It knows how to
 - list the collections (a registry kept *in the document*, so every replica and every Yjs
   client agrees on which root is a map, a list or a text);
 - apply update bytes made outside the typed API (a Yjs client's, through the hub) and derive
-  their effect (map, list and text ops) from the document's events, registering the roots a
-  plain Yjs client wrote without the registry (:meth:`Replica.apply_external`).
+  their effect: map ops read from the update's bytes (every set it carries, LWW losers
+  included), list and text ops from the document's events; registering the roots a plain
+  Yjs client wrote without the registry (:meth:`Replica.apply_external`).
 """
 
 from __future__ import annotations
@@ -27,11 +28,12 @@ import time
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from itertools import accumulate, islice
 from operator import lt
 from typing import Any, NamedTuple
 
-from pycrdt import Array, Doc, Map, Text, merge_updates
+from pycrdt import Array, Doc, Map, Text, Transaction, merge_updates
 
 from ._errors import (
     CollectionKindMismatch,
@@ -42,7 +44,17 @@ from ._errors import (
 )
 from ._journal import NewEntry, Op, Row, checksum
 from ._names import check_name
-from ._v1 import UpdateDecodeError, root_kinds
+from ._v1 import (
+    TYPE_REFS,
+    Decoded,
+    KeyIndex,
+    UpdateDecodeError,
+    decode_update,
+    read_delete_set,
+    read_state_vector,
+    root_kinds,
+    write_state_vector,
+)
 from ._values import from_stored
 
 log = logging.getLogger("crdtstore.replica")
@@ -266,8 +278,11 @@ class _EntryTable:
         agent, source, run = self.who[i]
         return Meta(agent, source, self.walls[i], seq, run)
 
-    def keep(self, live: set[int]) -> None:
+    def keep(self, live: set[Any]) -> None:
         """Drop the rows whose position is not in ``live``."""
+        if live.issuperset(self.seqs):  # every row is live (at C speed): nothing to drop
+            self.sweep_at = max(4096, 2 * len(self.seqs))
+            return
         rows = [i for i, seq in enumerate(self.seqs) if seq in live]
         self.seqs = array("q", [self.seqs[i] for i in rows])
         self.walls = array("d", [self.walls[i] for i in rows])
@@ -515,10 +530,71 @@ def _text_effect(
     return _signed(on_event)
 
 
+def _direct_insert_works() -> bool:
+    """Whether this pycrdt's internals are as the write path's shortcuts expect (checked once
+    at import, on scratch documents; if not, the write path takes pycrdt's public API):
+
+    - a map set goes straight to yrs, ``root._integrated.insert(txn, key, value)``, which is
+      what ``root[key] = value`` ends in for a value that is not a shared type (without its
+      two nested Python transaction frames): :meth:`Replica.do_set`, :meth:`Replica.local_set`;
+    - a transaction is a yrs transaction made, committed and dropped while ``doc._txn`` names
+      a pycrdt ``Transaction`` holding it, which is what ``with doc.transaction():`` does
+      when none is open (:meth:`Replica.local_set`);
+    - a callback given to the yrs document's ``observe`` gets every committed transaction's
+      event with its ``update`` (the capture, without pycrdt's wrapper frame).
+    """
+    try:
+        doc: Doc[Any] = Doc()
+        root = doc.get("m", type=Map)
+        seen: list[bytes] = []
+        sub = doc._doc.observe(lambda event: seen.append(event.update))
+        with doc.transaction() as outer:
+            root._integrated.insert(outer._txn, "a", 1)
+        wtxn = Transaction(doc)
+        txn = doc._doc.create_transaction()
+        wtxn._txn, wtxn._leases, doc._txn = txn, 1, wtxn
+        root._integrated.insert(txn, "k", {"v": [1]})
+        txn.commit()
+        txn.drop()
+        wtxn._txn, wtxn._leases, doc._txn = None, 0, None
+        other: Doc[Any] = Doc()
+        for update in seen:
+            other.apply_update(update)
+        want = {"a": 1.0, "k": {"v": [1.0]}}
+        ok = (
+            len(seen) == 2
+            and dict(root.items()) == want
+            and dict(other.get("m", type=Map).items()) == want
+            and doc._allow_multithreading is False
+            and doc._exceptions == []
+            and doc._txn is None
+        )
+        del sub
+        return ok
+    except Exception:  # pragma: no cover - another pycrdt
+        return False
+
+
+_DIRECT_INSERT = _direct_insert_works()
+
+
 def _chars_in(text: str, start: int, size: int) -> int:
     """How many characters of ``text`` from ``start`` make ``size`` UTF-8 bytes."""
     head = text[start : start + size].encode()  # at most size characters, >= size bytes
     return len(head[:size].decode("utf-8", errors="ignore"))
+
+
+# the value recorded for a nested shared type written as a map value that lost LWW
+_EMPTY_OF: dict[str, Callable[[], Any]] = {"map": dict, "list": list, "text": str}
+
+
+def _within(client: int, a: int, b: int, ranges: list[tuple[int, int, int]]) -> bool:
+    """Whether clocks ``a .. b - 1`` of ``client`` all lie in ``ranges`` (``(client, start,
+    end)``, each client's sorted)."""
+    for c, start, end in ranges:
+        if c == client and start <= a < end:
+            a = end
+    return a >= b
 
 
 class Replica:
@@ -554,8 +630,21 @@ class Replica:
         self._colls: dict[str, str] = {}  # see collections()
         self._colls_at = (-1, -1)  # (self._transactions, len(self.registry)) it was right at
         self._txn_cm: Any = None
+        # apply_external: the map entries of the document by item id (see _key_index), the
+        # state vector it covers and self._transactions when it covered the whole document
+        self._keys: KeyIndex | None = None
+        self._keys_sv: dict[int, int] = {}
+        self._keys_at = -1
+        self._deletes_wanted = False
+        self._captured_deletes: bytes | None = None
+        self._wtxn: Any = None  # the transaction object local_set reuses (see there)
         self.partial_update: bytes | None = None
-        self.doc.observe(self._on_transaction)
+        # the capture: on the yrs document itself when it can (see _direct_insert_works)
+        self._capture: Any = (
+            self.doc._doc.observe(self._on_transaction)
+            if _DIRECT_INSERT
+            else self.doc.observe(self._on_transaction)
+        )
 
     # -- collections --------------------------------------------------------------------------
 
@@ -617,6 +706,8 @@ class Replica:
         self._transactions += 1
         if self._capturing:
             self._captured = event.update
+            if self._deletes_wanted:  # (apply_external: which items the update deleted)
+                self._captured_deletes = event.delete_set
 
     def begin(self) -> None:
         """Open a local transaction whose update :meth:`end` returns."""
@@ -672,25 +763,36 @@ class Replica:
         """:meth:`journaled` for a committed batch of ``(update, ops, meta)`` entries (the
         committer's path: the same work without a call per entry)."""
         index, coll_seq, table = self.index, self.coll_seq, self.table
-        tseqs, walls, who = table.seqs, table.walls, table.who
+        tseqs = table.seqs
+        add_seq, add_wall, add_who = tseqs.append, table.walls.append, table.who.append
         names = table.names
+        last = tseqs[-1] if tseqs else 0  # the table's last position
+        name: Any = None  # the collection of the last map op, and its keys
+        keys: dict[str, Any] | None = None
+        agent_, source_, run_, who_ = "", "", "", ("", "", "")  # the last entry's names
         for (_, ops, meta), seq in zip(batch, seqs, strict=True):
             held = False
             for op in ops:
                 coll_seq[op[1]] = seq
                 if op[0] == "map":
-                    keys = index.get(op[1])
+                    if op[1] is not name:
+                        name = op[1]
+                        keys = index.get(name)
                     if keys is not None and keys.get(op[3]) is meta:
                         keys[op[3]] = seq
                         held = True
             if held:
                 agent, source, wall, _, run = meta
-                if tseqs and seq <= tseqs[-1]:
+                if seq <= last:
                     table.add(seq, agent, source, wall, run)
                 else:  # the usual case: append, the (agent, source, run) shared
-                    tseqs.append(seq)
-                    walls.append(wall)
-                    who.append(names(agent, source, run))
+                    if agent is not agent_ or source is not source_ or run is not run_:
+                        agent_, source_, run_ = agent, source, run
+                        who_ = names(agent, source, run)
+                    add_seq(seq)
+                    add_wall(wall)
+                    add_who(who_)
+                    last = seq
         if seqs:
             self.head = max(self.head, max(seqs))
         if len(tseqs) > table.sweep_at:
@@ -714,10 +816,16 @@ class Replica:
         if len(table) > table.sweep_at:
             table.keep(self._live_seqs())
 
-    def _live_seqs(self) -> set[int]:
-        live: set[int] = set()
+    def _live_seqs(self) -> set[Any]:
+        """The journal positions some key's provenance points at (plus the ``Meta`` of
+        entries not journaled yet: harmless in a set of positions, and leaving them in lets
+        the values go in at C speed)."""
+        live: set[Any] = set()
         for keys in self.index.values():
-            live.update(v for v in keys.values() if type(v) is int)
+            try:
+                live.update(keys.values())
+            except TypeError:  # an older snapshot's [seq, agent, ...] lists: unhashable
+                live.update(v for v in keys.values() if type(v) is int)
         for settled in self._settled.values():
             live.update(settled.seqs)
         return live
@@ -787,6 +895,84 @@ class Replica:
                 keys[op[3]] = meta
         update, self._captured = self._captured, None
         return update
+
+    def local_set(self, root: Any, ops: list[Op], meta: Meta) -> bytes | None:
+        """:meth:`local` of one map set, ``ops == [["map", name, "set", key, stored]]`` on the
+        collection's root ``root``: the hot path of a local write.
+
+        The value goes straight to yrs in a yrs transaction made, committed and dropped here
+        while ``doc._txn`` names a pycrdt ``Transaction`` object kept for the document: what
+        ``with doc.transaction(): root[key] = stored`` does when no transaction is open,
+        without pycrdt's Python frames (see :func:`_direct_insert_works`; otherwise, or with a
+        transaction open, or a collection not registered as a map yet, this is
+        :meth:`local`). The update is captured as by :meth:`local`; an error leaves what was
+        applied in :attr:`partial_update` as there.
+        """
+        _, name, _, key, stored = ops[0]
+        doc = self.doc
+        wtxn = self._wtxn
+        if wtxn is None or wtxn._doc is not doc:  # (a simulation may swap the document)
+            direct = _DIRECT_INSERT and not doc._allow_multithreading
+            wtxn = self._wtxn = Transaction(doc) if direct else None
+        if wtxn is None or doc._txn is not None or self._kinds.get(name) != "map":
+            return self.local(ops, partial(root.__setitem__, key, stored), meta)
+        self._captured = None
+        self._capturing = True
+        # what `with doc.transaction():` does when none is open, without its Python frames
+        txn = doc._doc.create_transaction()
+        wtxn._txn, wtxn._leases, doc._txn = txn, 1, wtxn
+        try:
+            try:
+                root._integrated.insert(txn, key, stored)
+            finally:
+                txn.commit()  # (no rollback: what was applied is committed)
+            if doc._exceptions:  # an observer failed (pycrdt's observe wrapper kept it)
+                exceptions = tuple(doc._exceptions)
+                doc._exceptions.clear()
+                raise ExceptionGroup("Observer callback error", exceptions)
+        except BaseException:
+            self.partial_update = self._captured
+            raise
+        finally:
+            txn.drop()
+            wtxn._txn, wtxn._leases, doc._txn = None, 0, None
+            self._capturing = False
+        keys = self.index.get(name)
+        if keys is None:
+            keys = self.index[name] = {}
+        keys[key] = meta
+        update, self._captured = self._captured, None
+        return update
+
+    @staticmethod
+    def set_items(root: Any, items: list[tuple[str, Any]]) -> None:
+        """``root[key] = stored`` for every pair of ``items``, inside the document's open
+        transaction (an ``apply`` of :meth:`local` or :meth:`do`), each value going straight
+        to yrs as in :meth:`local_set`."""
+        txn = root.doc._txn
+        if _DIRECT_INSERT and txn is not None and txn._txn is not None:
+            insert, rtxn = root._integrated.insert, txn._txn
+            for key, stored in items:
+                insert(rtxn, key, stored)
+        else:
+            for key, stored in items:
+                root[key] = stored
+
+    def do_set(self, root: Any, name: str, key: str, stored: Any, meta: Meta) -> None:
+        """:meth:`do` of one map set (``["map", name, "set", key, stored]`` on ``root``)
+        inside :meth:`begin`/:meth:`end`, the value going straight to yrs as in
+        :meth:`local_set`."""
+        if self._kinds.get(name) != "map":
+            self._register(name, "map")
+        cm = self._txn_cm
+        if _DIRECT_INSERT and cm is not None and cm._txn is not None:
+            root._integrated.insert(cm._txn, key, stored)
+        else:
+            root[key] = stored
+        keys = self.index.get(name)
+        if keys is None:
+            keys = self.index[name] = {}
+        keys[key] = meta
 
     def _register(self, name: str, kind: str) -> None:
         current = self.registry.get(name)
@@ -859,13 +1045,41 @@ class Replica:
     ) -> tuple[list[Op], bytes | None]:
         """Apply update bytes made outside the typed API; return their effect and the delta the
         document integrated (None if nothing was new), recording ``meta`` as the provenance of
-        every map key they changed.
+        every map key whose value (or deletion) they leave in the document.
 
-        The effect is derived from what the document did, per registered collection: map sets
-        (with their values) and deletes; list and text inserts and deletes from the events'
-        deltas, each index counted after the ops before it (text indices in characters, as
-        the typed API's ops; pycrdt's deltas count UTF-8 bytes); and, for a collection the
-        update registers, its whole content (``set`` of every key, or one ``ins`` at 0).
+        The effect, per registered collection:
+
+        - map ``set`` ops are read from the update's bytes: every entry it carries that the
+          document did not hold (an entry it held already, a duplicate delivery, says
+          nothing), *including a set that lost against a concurrent one*
+          (LWW): that write is history too. The set that the document shows afterwards comes
+          last for its key, so replaying the effect leaves that value; a set that lost against
+          a value the document held already is listed although the key keeps that value, and
+          provenance (``self.index``) names only the writer of what the document shows.
+          Values are as pycrdt shows them (:func:`_plain`: ints as floats). A nested shared
+          type written as a value (only a foreign client writes one) is read from the document
+          when it won; when it lost it is recorded as an empty value of its kind (``{}``,
+          ``[]``, ``""``; None for other content whose value the bytes do not give): its
+          contents are other items, which are not decoded;
+        - map ``del`` ops: a key whose visible entry the update deleted (found in the
+          transaction's delete set) and that it did not set again;
+        - list and text inserts and deletes from pycrdt's events (observers on the list and
+          text roots the update touches, for this update only), each index counted after the
+          ops before it (text indices in characters, as the typed API's ops; pycrdt's deltas
+          count UTF-8 bytes);
+        - for a collection the update registers, its whole content (``set`` of every key, or
+          one ``ins`` at 0).
+
+        An overwrite does not carry its key in the bytes (only its origin, the entry it
+        replaces), nor does a deletion: the replica keeps a :class:`crdtstore._v1.KeyIndex`
+        of the map entries by item id, filled from the updates applied here and, when other
+        transactions (local writes, journal entries) changed the document since, from the
+        document's encoding of what they added (each item decoded once: the first call on a
+        large document pays for all of it, ~5 us per item on the 2-core dev VM, 0.5 s for
+        100k entries; the index takes ~24 bytes per entry plus each key once). Whether an
+        entry is new (a duplicate delivery says nothing) is whether the index knew it.
+        Updates this decoder cannot read take the old way (observers on every collection,
+        which see only what changed the visible document, so LWW losers are missing).
 
         ``register``: also register the root types the document holds that the registry does
         not name (what a plain Yjs client's ``doc.getMap("notes")`` writes): their kind is
@@ -882,22 +1096,227 @@ class Replica:
         Raises:
             PayloadTooLarge, InvalidUpdate: see :meth:`check_update`; the doc is unchanged.
         """
+        if not checked:
+            self.check_update(update)
         # (outside any transaction, as always here: no transaction since the cache was
         # made means no change to the registry since, without asking its size)
         before = self._colls if self._colls_at[0] == self._transactions else self.collections()
+        try:
+            decoded: Decoded | None = decode_update(update)
+        except UpdateDecodeError as exc:
+            log.warning("cannot decode an external update, effect from events: %s", exc)
+            decoded = None
+        kinds_held = before.values()
+        lists_or_texts = "list" in kinds_held or "text" in kinds_held
+        plan = None if decoded is None else self._plan(decoded, lists_or_texts)
+        if plan is None:
+            return self._apply_observed(update, meta, before, register=register)
+        refs, fresh, others, registry_touched = plan
         ops: list[Op] = []
         texts_after: dict[str, tuple[str, int] | None] = {}
-        cached = self._texts_cached() if "text" in before.values() else None
-        # the registry is observed too (for this update only, like the collections): when the
-        # update leaves it alone, `before` and the kinds cache stay right after it
-        registry_events: list[Any] = []
+        watched = [
+            (name, kind)
+            for name, kind in before.items()
+            if kind != "map" and (others is None or name in others)
+        ]
+        cached = self._texts_cached() if any(k == "text" for _, k in watched) else None
+        subs = self._observe(watched, ops, cached, texts_after)
+        kinds = self._kinds
+        self._kinds = {}  # (apply_update empties the cache; it is kept if the registry is)
+        self._captured = self._captured_deletes = None
+        self._capturing = self._deletes_wanted = True
+        synced = self._keys_at == self._transactions
+        try:
+            self.apply_update(update, trial_decode=False, size_limit=False)
+        except BaseException:
+            # the index took in entries the document refused: rebuild it from the document
+            self._keys, self._keys_sv, self._keys_at = None, {}, -1
+            raise
+        finally:
+            self._capturing = self._deletes_wanted = False
+            for root, sub in subs:
+                root.unobserve(sub)
+        delta, self._captured = self._captured, None
+        deleted, self._captured_deletes = self._captured_deletes, None
+        if synced:  # what the update wrote is in the key index: it covers the document still
+            self._keys_at = self._transactions
+        assert decoded is not None
+        map_ops, unregistered = self._map_ops(update, decoded, refs, fresh, deleted, before, meta)
+        registry_touched = registry_touched or unregistered
+        registered = self._register_roots(update, decoded, refs, others) if register else None
+        if registered is not None:
+            delta = registered if delta is None else merge_updates(delta, registered)
+        changed = registry_touched or registered is not None
+        self._after_external(ops, before, kinds, changed, cached, texts_after, meta)
+        if map_ops:
+            ops[:0] = map_ops
+        return ops, delta
 
-        def on_registry(event: Any) -> None:
-            registry_events.append(event)
+    def trial_copy(self) -> Replica:
+        """A scratch replica holding this one's document, to try an external update on (its
+        effect judged by policies) before it reaches this one; it gets a copy of the key index
+        (:meth:`apply_external`), so that it does not decode the whole document again."""
+        scratch = Replica(max_update=self.max_update)
+        scratch.apply_update(self.doc.get_update())
+        if self._keys is not None:
+            try:
+                self._catch_up()
+            except UpdateDecodeError:
+                return scratch
+            scratch._keys = self._keys.copy()
+            scratch._keys_sv = dict(self._keys_sv)
+            scratch._keys_at = scratch._transactions
+        return scratch
 
-        subs = [(self.registry, self.registry.observe(_signed(on_registry)))]
+    def _key_index(self) -> KeyIndex:
+        keys = self._keys
+        if keys is None:
+            keys = self._keys = KeyIndex()
+        return keys
+
+    def _catch_up(self) -> bool:
+        """Add the map entries of what other transactions wrote since the key index covered
+        the whole document (the document's encoding of it, decoded once); False if it covers
+        it already.
+
+        Raises:
+            UpdateDecodeError: the document holds content this decoder cannot read.
+        """
+        if self._keys_at == self._transactions:
+            return False
+        diff = self.doc.get_update(write_state_vector(self._keys_sv))
+        self._key_index().index(decode_update(diff))
+        self._keys_sv = read_state_vector(self.doc.get_state())
+        self._keys_at = self._transactions
+        return True
+
+    def _plan(
+        self, decoded: Decoded, lists_or_texts: bool
+    ) -> tuple[list[Any], list[bool], set[str] | None, bool] | None:
+        """Before applying ``decoded``: index its map entries; return the ``(parent, key)`` of
+        each (None: its origin is not in the document), whether each is new to the document,
+        the list and text roots the update may touch (None: any; only looked for when
+        ``lists_or_texts`` are registered) and whether its entries write to the registry.
+        None when the document holds what this decoder cannot read."""
+        keys = self._key_index()
+        if self._keys_at != self._transactions:
+            try:
+                self._catch_up()
+            except UpdateDecodeError as exc:
+                log.warning("cannot decode the map entries held (effect from events): %s", exc)
+                return None
+        refs, fresh = keys.index(decoded)
+        others = decoded.others
+        registry_touched = False
+        for ref in refs:
+            if ref is None or ref[0] == REGISTRY:
+                registry_touched = True
+                break
+        if others is not None and lists_or_texts:
+            for client, clock, length in decoded.deletes:
+                if not keys.covers(client, clock, length):
+                    # not (only) map entries: list or text content, or not in the document
+                    others = None
+                    break
+        # (a deletion of a registry entry is found in the transaction's delete set, which
+        # holds only what the update deleted: its own delete set may hold a whole history)
+        return refs, fresh, others, registry_touched
+
+    def _map_ops(
+        self,
+        update: bytes,
+        decoded: Decoded,
+        refs: list[Any],
+        fresh: list[bool],
+        deleted: bytes | None,
+        before: dict[str, str],
+        meta: Meta | None,
+    ) -> tuple[list[Op], bool]:
+        """The map ops of an applied update (see :meth:`apply_external`): sets that lost, then
+        sets that won, then deletes; ``meta`` becomes the provenance of the won and deleted
+        keys. ``deleted``: the transaction's delete set. Also whether it deleted a registry
+        entry."""
+        gone: list[tuple[int, int, int]] = []
+        if deleted is not None:
+            if decoded.deletes and update.endswith(deleted):
+                gone = decoded.deletes  # (the usual case: it deleted what the update says)
+            else:
+                try:
+                    gone = read_delete_set(deleted)
+                except UpdateDecodeError:  # pragma: no cover - pycrdt's own encoding
+                    log.warning("cannot read a transaction's delete set")
+        lost: list[Op] = []
+        won: list[Op] = []
+        won_keys: set[tuple[str, str]] = set()
+        new_ids: list[tuple[int, int, int]] = []
+        for item, ref, new in zip(decoded.entries, refs, fresh, strict=True):
+            if not new:  # (also every entry whose origin is unknown: ref None)
+                continue
+            client, clock = item.client, item.clock
+            new_ids.append((client, clock, clock + item.length))
+            name, key = ref
+            if item.content == 1 or before.get(name) != "map":  # (1: deleted content)
+                continue
+            alive = True
+            for c, a, n in gone:
+                if c == client and a <= clock < a + n:
+                    alive = False
+                    break
+            if item.content == 8:
+                value = item.value
+            elif alive:
+                value = _plain(self.root(name, "map").get(key))
+            elif item.content == 7:
+                empty = _EMPTY_OF.get(TYPE_REFS.get(item.value, ""))
+                value = None if empty is None else empty()
+            else:  # string content, or content the bytes do not give as a value
+                value = item.value
+            if alive:
+                won.append(["map", name, "set", key, value])
+                won_keys.add(ref)
+            else:
+                lost.append(["map", name, "set", key, value])
+        dels: list[Op] = []
+        unregistered = False
+        if gone:
+            keys = self._key_index()
+            for client, a, n in gone:
+                for start, end, ref in keys.overlapping(client, a, n):
+                    if ref[0] == REGISTRY:
+                        unregistered = True
+                    # an entry of the document before the update (so its visible one, as it
+                    # was not deleted), not one of the update's own sets that lost
+                    if (
+                        ref not in won_keys
+                        and before.get(ref[0]) == "map"
+                        and not _within(client, max(start, a), min(end, a + n), new_ids)
+                    ):
+                        won_keys.add(ref)  # (once)
+                        dels.append(["map", ref[0], "del", ref[1]])
+        if meta is not None:
+            index = self.index
+            for op in won:
+                keys_of = index.get(op[1])
+                if keys_of is None:
+                    keys_of = index[op[1]] = {}
+                keys_of[op[3]] = meta
+            for op in dels:
+                index.setdefault(op[1], {})[op[3]] = meta
+        if lost:
+            return lost + won + dels, unregistered
+        return (won + dels if dels else won), unregistered
+
+    def _observe(
+        self,
+        watched: list[tuple[str, str]],
+        ops: list[Op],
+        cached: dict[str, tuple[str, int]] | None,
+        texts_after: dict[str, tuple[str, int] | None],
+    ) -> list[tuple[Any, Any]]:
+        """Subscribe the effect observers of the ``(name, kind)`` collections for one update."""
+        subs = []
         roots = self._roots
-        for name, kind in before.items():
+        for name, kind in watched:
             root = roots.get((name, kind))
             if root is None:
                 root = self.root(name, kind)  # (the registry gives it this kind: no mismatch)
@@ -913,25 +1332,22 @@ class Replica:
                     old = cached[name] = (str(root), size)
                 observer = _text_effect(name, ops, old, texts_after)
             subs.append((root, root.observe(observer)))
-        # no enclosing transaction: the events fire when apply_update's own one commits
-        self._captured = None
-        self._capturing = True
-        kinds = self._kinds
-        self._kinds = {}  # (apply_update empties the cache; it is kept if the registry is)
-        try:
-            if checked:
-                self.apply_update(update, trial_decode=False, size_limit=False)
-            else:
-                self.apply_update(update)
-        finally:
-            self._capturing = False
-            for root, sub in subs:
-                root.unobserve(sub)
-        delta, self._captured = self._captured, None
-        registered = self._register_roots(update) if register else None
-        if registered is not None:
-            delta = registered if delta is None else merge_updates(delta, registered)
-        if registry_events or registered is not None:
+        return subs
+
+    def _after_external(
+        self,
+        ops: list[Op],
+        before: dict[str, str],
+        kinds: dict[str, str],
+        registry_changed: bool,
+        cached: dict[str, tuple[str, int]] | None,
+        texts_after: dict[str, tuple[str, int] | None],
+        meta: Meta | None,
+    ) -> None:
+        """After an external update: restore or refresh the collection caches, take in the
+        texts' new values, and add the whole content of the collections it registered to
+        ``ops`` (recording ``meta`` as the provenance of their keys)."""
+        if registry_changed:
             now = self.collections()
         else:  # the registry is as it was: so are the collections and their kinds
             now = before
@@ -950,7 +1366,12 @@ class Replica:
                 continue
             root = self.root(name, kind)
             if kind == "map":
-                ops.extend(["map", name, "set", k, _plain(v)] for k, v in root.items())
+                added = [["map", name, "set", k, _plain(v)] for k, v in root.items()]
+                ops.extend(added)
+                if meta is not None:
+                    keys = self.index.setdefault(name, {})
+                    for op in added:
+                        keys[op[3]] = meta
             elif kind == "list":
                 values = [_plain(v) for v in root]
                 if values:
@@ -959,10 +1380,44 @@ class Replica:
                 text = str(root)
                 if text:
                     ops.append(["text", name, "ins", 0, text])
+
+    def _apply_observed(
+        self, update: bytes, meta: Meta | None, before: dict[str, str], *, register: bool
+    ) -> tuple[list[Op], bytes | None]:
+        """:meth:`apply_external` with every effect from pycrdt's events (observers on every
+        collection and the registry): for updates the decoder cannot read. A map set that lost
+        LWW makes no event, so it is missing from this effect."""
+        ops: list[Op] = []
+        texts_after: dict[str, tuple[str, int] | None] = {}
+        cached = self._texts_cached() if "text" in before.values() else None
+        registry_events: list[Any] = []
+
+        def on_registry(event: Any) -> None:
+            registry_events.append(event)
+
+        subs = [(self.registry, self.registry.observe(_signed(on_registry)))]
+        subs += self._observe(list(before.items()), ops, cached, texts_after)
+        self._captured = None
+        self._capturing = True
+        kinds = self._kinds
+        self._kinds = {}
+        try:
+            self.apply_update(update, trial_decode=False, size_limit=False)
+        finally:
+            self._capturing = False
+            for root, sub in subs:
+                root.unobserve(sub)
+        delta, self._captured = self._captured, None
+        self._keys_at = -1  # not decoded: the key index no longer covers the document
+        registered = self._register_roots(update) if register else None
+        if registered is not None:
+            delta = registered if delta is None else merge_updates(delta, registered)
         if meta is not None:
             for op in ops:
                 if op[0] == "map":
                     self.index.setdefault(op[1], {})[op[3]] = meta
+        changed = bool(registry_events) or registered is not None
+        self._after_external(ops, before, kinds, changed, cached, texts_after, meta)
         return ops, delta
 
     def _texts_cached(self) -> dict[str, tuple[str, int]]:
@@ -975,9 +1430,27 @@ class Replica:
             self._texts.clear()
         return self._texts
 
-    def _register_roots(self, update: bytes) -> bytes | None:
+    def _register_roots(
+        self,
+        update: bytes,
+        decoded: Decoded | None = None,
+        refs: list[Any] | None = None,
+        others: set[str] | None = None,
+    ) -> bytes | None:
         """Register the unregistered root types of the document whose kind the items show (see
-        :meth:`apply_external`); return the update of that transaction (None: none)."""
+        :meth:`apply_external`); return the update of that transaction (None: none).
+
+        With the update's ``decoded`` entries, their ``refs`` and the ``others`` roots it
+        names (see :meth:`_plan`): when every root it writes to is known to be checked, the
+        document's roots are not listed at all (the usual case)."""
+        if decoded is not None and refs is not None and others is not None:
+            checked = self._roots_checked
+            if (
+                not self._undetermined
+                and others <= checked
+                and all(ref is not None and ref[0] in checked for ref in refs)
+            ):
+                return None
         names = set(self.doc.keys())
         if names <= self._roots_checked and not self._undetermined:
             return None  # the usual case: no root the registry does not name

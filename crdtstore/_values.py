@@ -20,7 +20,7 @@ from ._errors import InvalidValue
 
 _MAX_SAFE_INT = 2**53
 _MAX_DEPTH = 64
-_SCALARS = (str, bool, type(None))
+_SCALARS = (bool, type(None))
 
 JSONValue = Any  # a JSON-like value, see the module docstring
 
@@ -30,9 +30,14 @@ def to_stored(value: Any, _depth: int = 0) -> Any:
 
     Raises:
         InvalidValue: a type that is not JSON-like, a non-string dict key, NaN or infinity,
-            an integer beyond ±2**53, or nesting deeper than 64 levels.
+            an integer beyond ±2**53, nesting deeper than 64 levels, or a string with a lone
+            surrogate (not valid Unicode: it has no UTF-8 encoding).
     """
     t = type(value)
+    if t is str:
+        if value.isascii() or encodable(value):
+            return value
+        raise InvalidValue("a string with a lone surrogate is not valid Unicode")
     if t in _SCALARS:
         return value
     if t is int:
@@ -50,6 +55,8 @@ def to_stored(value: Any, _depth: int = 0) -> Any:
         for k, v in value.items():
             if type(k) is not str:
                 raise InvalidValue(f"dict key {k!r} is not a str")
+            if not k.isascii() and not encodable(k):
+                raise InvalidValue("a dict key with a lone surrogate is not valid Unicode")
             out[k] = to_stored(v, _depth + 1)
         return out
     if t is list or t is tuple or isinstance(value, (list, tuple)):
@@ -57,6 +64,15 @@ def to_stored(value: Any, _depth: int = 0) -> Any:
     if isinstance(value, bool | int | float | str):  # subclasses such as IntEnum
         return to_stored(_base(value), _depth)
     raise InvalidValue(f"type {t.__name__} is not JSON-like")
+
+
+def encodable(text: str) -> bool:
+    """Whether ``text`` encodes as UTF-8 (a lone surrogate does not, and yrs refuses it)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _base(value: Any) -> Any:

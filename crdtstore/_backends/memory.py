@@ -4,11 +4,13 @@
 shared by every ``open_store`` call of this process (handy in notebooks and tests).
 Nothing survives the process.
 
-The newest rows (about a thousand) are kept as :class:`Row` objects, so that a record tailing
-its own writes (the usual reader) gets them without decoding anything; older rows are packed by
-blocks of 512 into one ``marshal`` blob each and decoded again when read. A long run's journal
-is then a few untracked bytes objects instead of several GC-tracked containers per row (a Row
-and the lists of its effect), which every full collection of the cyclic GC would rescan.
+The newest entries (about a thousand) are kept as the :class:`NewEntry` tuples appended,
+numbered from ``recent_first``: appending builds nothing per entry, and a reader gets them
+without decoding anything (a :class:`Row` is made per entry read; the writing record itself
+rarely reads its own). Older entries are packed by blocks of 512 into one ``marshal`` blob each
+(by columns) and decoded again when read. A long run's journal is then a few untracked bytes
+objects instead of several GC-tracked containers per entry (the tuple and the lists of its
+effect), which every full collection of the cyclic GC would rescan.
 """
 
 from __future__ import annotations
@@ -34,26 +36,36 @@ _loads = marshal.loads
 _RECENT = 1024  # newest rows kept as Row objects (between _RECENT and _RECENT + _BLOCK)
 _BLOCK = 512  # older rows: packed by blocks of this many
 
-# A block of consecutive rows: (first seq, last seq, the rows as plain tuples in one marshal
-# blob), or, if marshal cannot hold them (values that are not JSON-like builtins, which
+# A block of consecutive rows: (first seq, last seq, the rows' columns as plain tuples in one
+# marshal blob), or, if marshal cannot hold them (values that are not JSON-like builtins, which
 # crdtstore never journals), the Row objects themselves.
 _Block = tuple[int, int, Any]
 
 
-def _pack_block(rows: list[Row]) -> _Block:
+def _rows(first: int, entries: Sequence[tuple[Any, ...]]) -> list[Row]:
+    """Rows of ``entries``, the first at journal position ``first``."""
+    # ((seq,) + e builds a row's items faster than (seq, *e))
+    seqs = range(first, first + len(entries))
+    return [_tuple_new(Row, (seq,) + e) for seq, e in zip(seqs, entries, strict=True)]  # noqa: RUF005
+
+
+def _pack_block(first: int, entries: Sequence[NewEntry]) -> _Block:
+    """A block of ``entries``, the first at journal position ``first``."""
+    last = first + len(entries) - 1
     blob: Any
     try:
-        blob = _dumps([tuple(r) for r in rows])  # (its references share repeated strings)
+        # by columns (transposed at C speed; marshal's references share repeated strings)
+        blob = _dumps(tuple(zip(*entries, strict=True)))
     except ValueError:
-        blob = list(rows)
-    return (rows[0].seq, rows[-1].seq, blob)
+        blob = _rows(first, entries)
+    return (first, last, blob)
 
 
 def _unpack_block(block: _Block) -> list[Row]:
-    blob = block[2]
+    first, _, blob = block
     if type(blob) is not bytes:
         return list(blob)
-    return [_tuple_new(Row, t) for t in _loads(blob)]
+    return _rows(first, list(zip(*_loads(blob), strict=True)))
 
 
 def _block_last(block: _Block) -> int:
@@ -64,7 +76,10 @@ def _block_last(block: _Block) -> int:
 class _Run:
     created: float
     blocks: list[_Block] = field(default_factory=list)  # older rows, oldest first
-    recent: list[Row] = field(default_factory=list)  # the newest rows, after the blocks
+    # the newest entries, after the blocks, as appended: recent[i] is at position
+    # recent_first + i (no Row built for an entry nobody reads)
+    recent: list[NewEntry] = field(default_factory=list)
+    recent_first: int = 1
     head: int = 0
     snapshot: SnapshotRow | None = None
     config: dict[str, Any] = field(default_factory=dict)
@@ -79,23 +94,28 @@ class _Run:
         out: list[Row] = []
         for block in self.blocks:
             out.extend(_unpack_block(block))
-        out.extend(self.recent)
+        out.extend(_rows(self.recent_first, self.recent))
         return out
 
-    def set_rows(self, rows: list[Row]) -> None:
+    def set_rows(self, rows: list[Row], head: int) -> None:
+        """Keep ``rows`` (consecutive positions, ending at ``head`` unless empty) only."""
         self.blocks = []
-        self.recent = list(rows)
+        self.recent = [_tuple_new(NewEntry, tuple(row)[1:]) for row in rows]
+        self.recent_first = rows[0].seq if rows else head + 1
+        self.head = head
         self.pack()
 
     def pack(self) -> None:
-        """Move the oldest of the recent rows into blocks, keeping at least ``_RECENT``."""
+        """Move the oldest of the recent entries into blocks, keeping at least ``_RECENT``."""
         recent = self.recent
         n = (len(recent) - _RECENT) // _BLOCK * _BLOCK
         if n <= 0:
             return
+        first = self.recent_first
         for at in range(0, n, _BLOCK):
-            self.blocks.append(_pack_block(recent[at : at + _BLOCK]))
+            self.blocks.append(_pack_block(first + at, recent[at : at + _BLOCK]))
         del recent[:n]
+        self.recent_first = first + n
 
 
 class _MemoryAuthority(Authority):
@@ -204,14 +224,13 @@ class MemoryJournal(JournalBackend):
         r = self._run(tenant, run)
         if r.state != "open":
             raise RunClosed(tenant, run, r.state)
-        seqs = []
         recent = r.recent
         head = r.head
-        for e in entries:
-            head += 1
-            recent.append(_tuple_new(Row, (head, *e)))
-            seqs.append(head)
-        r.head = head
+        if not recent:
+            r.recent_first = head + 1
+        recent.extend(entries)
+        r.head = head + len(entries)
+        seqs = list(range(head + 1, r.head + 1))
         if len(recent) >= _RECENT + _BLOCK:
             r.pack()
         return seqs
@@ -220,12 +239,12 @@ class MemoryJournal(JournalBackend):
         self, tenant: str, run: str, after: int, limit: int = 10_000, *, skip_client: int = -1
     ) -> list[Row]:
         r = self._run(tenant, run)
-        recent = r.recent
-        if recent and recent[0].seq <= after + 1:  # the usual tail read: nothing to decode
-            if recent[-1].seq <= after:
+        recent, first = r.recent, r.recent_first
+        if recent and first <= after + 1:  # the usual tail read: nothing to decode
+            if r.head <= after:
                 return []
-            start = after + 1 - recent[0].seq
-            return recent[start : start + limit]
+            start = after + 1 - first
+            return _rows(after + 1, recent[start : start + limit])
         # an older position: decode the blocks from the one holding after + 1 on
         blocks = r.blocks
         out: list[Row] = []
@@ -233,7 +252,7 @@ class MemoryJournal(JournalBackend):
             out.extend(row for row in _unpack_block(block) if row.seq > after)
             if len(out) >= limit:
                 return out[:limit]
-        out.extend(recent[: limit - len(out)])
+        out.extend(_rows(first, recent[: limit - len(out)]))
         return out
 
     async def head(self, tenant: str, run: str) -> int:
@@ -249,7 +268,7 @@ class MemoryJournal(JournalBackend):
         if r.snapshot is None or r.snapshot.seq < snapshot.seq:
             r.snapshot = snapshot  # else a newer snapshot is already there: keep it
         if drop_journal:
-            r.set_rows([row for row in r.rows if row.seq > r.snapshot.seq])
+            r.set_rows([row for row in r.rows if row.seq > r.snapshot.seq], r.head)
 
     async def history(self, tenant: str, run: str, collection: str, key: str) -> list[Row]:
         return [
@@ -280,10 +299,10 @@ class MemoryJournal(JournalBackend):
                 yield auth
             except BaseException:
                 # roll back what this transaction appended
-                if r.recent and r.recent[0].seq <= head + 1:
-                    del r.recent[head + 1 - r.recent[0].seq :]
+                if r.recent and r.recent_first <= head + 1:
+                    del r.recent[head + 1 - r.recent_first :]
                 elif r.head != head:
-                    r.set_rows([row for row in r.rows if row.seq <= head])
+                    r.set_rows([row for row in r.rows if row.seq <= head], head)
                 r.head = head
                 raise
 
