@@ -17,7 +17,7 @@ from ._errors import InvalidValue
 from ._journal import Op
 from ._models import Conflict, Sibling, Version
 from ._names import MAX_KEY_LENGTH, check_key
-from ._replica import Replica, apply_text_edits, text_diff
+from ._replica import Replica, apply_text_edits, list_values, text_diff
 from ._semantics import validate_value
 from ._values import encodable, from_stored, to_stored
 
@@ -427,7 +427,12 @@ class ListCollection(_Collection):
         return iter(self.to_list())
 
     def to_list(self) -> list[Any]:
-        return [self._out(v) for v in self._root]
+        values = list_values(self._root)  # (one read of the whole list, see there)
+        model = self._model or self._rec._models.get(self.name)
+        if model is None:
+            return values
+        validate = model.__pydantic_validator__.validate_python
+        return [validate(v) for v in values]
 
     def _check_index(self, index: int, *, end: bool) -> int:
         if type(index) is not int:

@@ -530,6 +530,33 @@ def _text_effect(
     return _signed(on_event)
 
 
+def _json_number(text: str) -> Any:
+    return from_stored(float(text))
+
+
+def list_values(root: Array[Any]) -> list[Any]:
+    """Every value of the list ``root``, as :func:`from_stored` gives them, read in one call.
+
+    pycrdt reads an array item by item, each in a transaction of its own that seeks to the
+    index: 7-10 us an item (a 1M-item list: about 9 s). yrs can write the whole array as JSON
+    instead (``to_json`` of the integrated array: 0.56 us an item), which is parsed with every
+    number made what :func:`from_stored` makes of the float yrs holds (0.5 us then 1.1 us an
+    item for 1M: about 5x faster in all). Values crdtstore writes are JSON already; what only a
+    plain Yjs client can store comes out as JSON too: a nested shared type as its plain
+    content, binary as a list of byte values, a big integer beyond 2**53 as a float. Falls
+    back to the item by item read if this pycrdt lacks the call.
+    """
+    integrated = getattr(root, "_integrated", None)
+    if integrated is None or not hasattr(integrated, "to_json"):  # pragma: no cover
+        return [from_stored(v) for v in root]  # (another pycrdt, or a list not in a doc)
+    with root.doc.transaction() as txn:
+        rtxn = txn._txn
+        assert rtxn is not None
+        text = integrated.to_json(rtxn)
+    values: list[Any] = json.loads(text, parse_int=_json_number, parse_float=_json_number)
+    return values
+
+
 def _direct_insert_works() -> bool:
     """Whether this pycrdt's internals are as the write path's shortcuts expect (checked once
     at import, on scratch documents; if not, the write path takes pycrdt's public API):
@@ -694,7 +721,7 @@ class Replica:
         if kind == "map":
             return {k: from_stored(v) for k, v in root.items()}
         if kind == "list":
-            return [from_stored(v) for v in root]
+            return list_values(root)
         return str(root)
 
     def to_dict(self) -> dict[str, Any]:
