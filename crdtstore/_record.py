@@ -91,6 +91,16 @@ class _Subscriber:
         self.lost = 0
 
 
+class _FastAppend:
+    """An append of :meth:`Record._append_fast` waiting for its entries' positions."""
+
+    __slots__ = ("left", "seqs")
+
+    def __init__(self, n: int) -> None:
+        self.seqs = [0] * n  # the position of each entry once committed
+        self.left = 0  # entries queued and not committed yet
+
+
 class Record:
     """A run's record opened as one writer. Use as ``async with store.open_record(...)``.
 
@@ -163,6 +173,10 @@ class Record:
         # journal positions of entries made on a scratch copy (remote guarded writes) that
         # are applied already: the tail must not apply them again (see _write_guarded_remote)
         self._applied_foreign: set[int] = set()
+        # pending entries of other writers queued by _append_fast, by id() of their Meta:
+        # (the append waiting for their positions, the entry's index in it, its client_id)
+        self._fast: dict[int, tuple[_FastAppend, int, int]] = {}
+        self.fast_appends = 0  # external appends journaled without an authority txn (tests)
         self.applied_seq = 0  # highest journal position this replica has taken in
         self._subscribers: _List[_Subscriber] = []
         self._txn_task: object | None = None  # the marker of the open transaction
@@ -916,14 +930,108 @@ class Record:
         retry whose answer was lost) are not journaled again; the position of the entry
         that holds them is returned.
 
+        **Unguarded appends take a fast path** (:meth:`_append_fast`): no authority
+        transaction; the entries are applied at once and journaled as this record's own
+        pending entries are (its group commit), labelled with ``client_id``, and the
+        positions are returned once they are committed.
+
         Raises:
             InvalidUpdate, PayloadTooLarge: bad bytes (nothing changes).
             StaleVersion, LeaseLost: a guard failed (nothing changes).
             PolicyViolation, BudgetExceeded: an effect is refused (nothing changes).
+            BackendError: the journal could not be written (unguarded: the entries stay
+                applied and queued, and are journaled once the journal recovers; a retry of
+                the append journals nothing twice).
         """
         self._check_open()
         for update in updates:
             self.replica.check_update(update)
+        if expected is None and based_on is None and fence is None:
+            fast = await self._append_fast(updates, client_id, durable)
+            if fast is not None:
+                return fast
+        return await self._append_slow(
+            updates,
+            client_id=client_id,
+            durable=durable,
+            expected=expected,
+            based_on=based_on,
+            fence=fence,
+        )
+
+    async def _append_fast(
+        self, updates: Sequence[bytes], client_id: int, durable: bool
+    ) -> _List[int] | None:
+        """An unguarded :meth:`_append_externals` as a local write: None if it cannot be
+        taken (nothing done then; the caller takes the authority path).
+
+        As :meth:`_apply_checked` writes: the effects are checked against the run's policies
+        and budgets as this replica knows them (no catch-up read: its tail keeps it current;
+        all updates on a scratch copy first), each update is applied and queued as a pending
+        entry of this record, labelled with ``client_id`` (see :meth:`_entries`), which the
+        record's commit (the committer, or a subclass's group commit) journals in order with
+        its other pending entries. Returns their positions once they are committed; a failing
+        commit raises its error (the entries stay queued: the committer retries them).
+        Not taken: a ``durable`` append to a ``batched`` record, an open transaction, a
+        journal failure being retried, a closed record. An update that adds nothing (a retry
+        whose answer was lost) and the ones after it go through :meth:`_append_slow`, which
+        finds the entry holding it (after journaling what is pending).
+        """
+        if (
+            (durable and self.durability != "durable")
+            or self._txn_task is not None
+            or self._failure is not None
+            or self._state != "open"
+        ):
+            return None
+        if self._enforcing():
+            scratch = self.replica.trial_copy()
+            try:
+                for update in updates:  # in order, each on top of the ones before
+                    ops = policed(scratch.apply_external(update, checked=True)[0])
+                    self._account(self._enforce(ops, conditional=False))
+            finally:
+                self._invalidate_all()  # budgets are measured again from the document
+        wait = _FastAppend(len(updates))
+        rest: _List[int] = []
+        for i, update in enumerate(updates):
+            if update in _EMPTY_UPDATES:  # nothing to journal (as _append_slow answers)
+                wait.seqs[i] = 0
+                continue
+            meta = Meta(self.agent, self.source, _time(), None, self._origin)
+            before = self.replica.doc.get_state()
+            self._invalidate_all()
+            ops, delta = self.replica.apply_external(update, meta, checked=True)
+            if delta is None and self.replica.doc.get_state() == before:
+                # held already: a retry (its entry may be pending, or journaled) or bytes of
+                # another writer; the authority path journals the queue and looks it up
+                rest = await self._append_slow(updates[i:], client_id=client_id, durable=durable)
+                del wait.seqs[i:]
+                break
+            self._fast[id(meta)] = (wait, i, client_id)
+            wait.left += 1
+            self._enqueue(update, ops, meta)
+        if wait.left:
+            self.fast_appends += 1
+        while wait.left:
+            if self._failure is not None:
+                raise self._failure
+            if self._state == "closed":
+                raise StoreClosed("record")
+            await self._commit_event.wait()
+        return wait.seqs + rest
+
+    async def _append_slow(
+        self,
+        updates: Sequence[bytes],
+        *,
+        client_id: int,
+        durable: bool = True,
+        expected: tuple[str, str, int] | None = None,
+        based_on: tuple[str, int] | None = None,
+        fence: tuple[str, int, str] | None = None,
+    ) -> _List[int]:
+        """:meth:`_append_externals` inside one authority transaction (its checks done)."""
         if expected is not None:
             name, key, version = expected
             check_name("collection", name)
@@ -1231,6 +1339,15 @@ class Record:
 
     def _entries(self, batch: _List[tuple[bytes, _List[Op], Meta]]) -> _List[NewEntry]:
         cid, new, crc = self.replica.client_id, _tuple_new, checksum
+        fast = self._fast
+        if fast:  # entries of other writers queued by _append_fast carry their client id
+            out = []
+            for u, ops, meta in batch:
+                hit = fast.get(id(meta))
+                agent, source, wall, _, run = meta
+                label = cid if hit is None else hit[2]
+                out.append(new(NewEntry, (agent, source, label, wall, u, ops, crc(u), run)))
+            return out
         return [
             new(NewEntry, (agent, source, cid, wall, u, ops, crc(u), run))
             for u, ops, (agent, source, wall, _, run) in batch
@@ -1250,11 +1367,29 @@ class Record:
             # nothing of another writer's lies before them: the tail, woken by the notify
             # below, need not read the journal for them (it skips its own entries anyway)
             self.applied_seq = seqs[-1]
+        if self._fast:
+            self._fast_committed(batch, seqs)
         self._committed += len(batch)
         self._fire_commit()
         self._store._notifier.notify(self.tenant, self._jrun, seqs[-1] if seqs else None)
         if seqs:  # automatic compaction (Store.auto_compact) once the journal has grown
             self._store._after_commit(self._jrun, seqs[-1])
+
+    def _fast_committed(
+        self, batch: _List[tuple[bytes, _List[Op], Meta]], seqs: _List[int]
+    ) -> None:
+        """Give the appends of :meth:`_append_fast` waiting on ``batch`` their positions. The
+        tail reads those entries as another writer's (their client id is not this
+        replica's): unless ``applied_seq`` passed them, they are marked applied already."""
+        fast, applied = self._fast, self.applied_seq
+        for (_, _, meta), seq in zip(batch, seqs, strict=True):
+            hit = fast.pop(id(meta), None)
+            if hit is not None:
+                wait, index, _ = hit
+                wait.seqs[index] = seq
+                wait.left -= 1
+                if seq > applied:
+                    self._applied_foreign.add(seq)
 
     def _fire_commit(self) -> None:
         old, self._commit_event = self._commit_event, anyio.Event()

@@ -266,6 +266,11 @@ class _HubRecord(Record):
     or another append of this record, the journal is failing, the run's id is not cached),
     it appends nothing and wakes the committer, which journals them as it would any entry
     (retrying, reporting failures to ``flush``).
+
+    The entries of a ``ws://`` client's unguarded ``journal.append`` ride the same group
+    commit (``Record._append_fast``: queued as pending entries labelled with the client's
+    id; the append is answered with their positions once committed, or with the commit's
+    error).
     """
 
     _hub_agent: str

@@ -41,10 +41,16 @@ JSON. Params and results::
 
 **Appends are untrusted.** The hub applies each entry's update to the run's record itself, as
 the token's agent and source, derives the effect, enforces the run's policies and budgets
-and journals it (``Record._append_external``); the client's say-so about who wrote it, when,
-or what it did is never taken. ``client_id`` is a label only: it lets the writer skip its own
-entries when it tails the journal (a client lying about it can only hide entries from the
-client it names, which Yjs's unauthenticated client ids allow anyway). An append whose answer
+and journals it (``Record._append_externals``); the client's say-so about who wrote it, when,
+or what it did is never taken. An unguarded ``journal.append`` (``durable`` false, or a
+durable hub record) is a local write of the hub's record (``Record._append_fast``: applied at
+once, checked against the record's current state, journaled by its group commit with the
+other updates of that loop iteration, answered once committed); a guarded one, and one the
+fast path cannot take, runs in an authority transaction (catch-up read first).
+
+``client_id`` is a label only: it lets the writer skip its own entries when it tails the
+journal (a client lying about it can only hide entries from the client it names, which Yjs's
+unauthenticated client ids allow anyway). An append whose answer
 was lost may be sent again: bytes the record already holds, journaled recently by the same
 client id, are not journaled twice (the position of the entry holding them is answered).
 
@@ -248,13 +254,14 @@ async def _append(ctx: OpContext, updates: list[bytes], client_id: int, **guards
     finally:
         _CURRENT.reset(token)
     room = ctx.conn.room
-    if rec.applied_seq > before:
+    fresh = {s for s in seqs if s > before}
+    if rec.applied_seq - before > len(fresh):
         # entries of other processes that the append applied first, with the connection's
         # identity set: the room did not broadcast them (it does so outside of a connection)
         rows = await ctx.store.backend.read(ctx.tenant, ctx.run, before, rec.applied_seq - before)
         own = rec.replica.client_id
         for row in rows:
-            if row.client_id != own and row.seq <= rec.applied_seq:
+            if row.client_id != own and row.seq <= rec.applied_seq and row.seq not in fresh:
                 room.broadcast(encode(Update(row.update)))
     for update in updates:
         room.broadcast(encode(Update(update)), exclude=ctx.conn)
