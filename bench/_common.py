@@ -14,11 +14,13 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import IO
 
 RESULT_PREFIX = "BENCH-RESULT "
 
@@ -160,3 +162,48 @@ class Timer:
 
     def __exit__(self, *exc: object) -> None:
         self.seconds = time.perf_counter() - self._t0
+
+
+# -- child processes (bench/hub.py, bench/ws_propagation.py) ------------------------------------
+
+
+def spawn(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """``python ARGS`` in bench/, stdin and stdout piped (text)."""
+    return subprocess.Popen(
+        [sys.executable, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=Path(__file__).resolve().parent,
+    )
+
+
+def readline(proc: subprocess.Popen[str], expect: str) -> str:
+    """The rest of the first line of ``proc``'s output starting with ``expect``."""
+    assert proc.stdout is not None
+    while True:
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"{proc.args!r} exited (code {proc.wait()}) before {expect!r}")
+        if line.startswith(expect):
+            return line[len(expect) :].strip()
+
+
+def tell(proc: subprocess.Popen[str], text: str = "GO") -> None:
+    """Write a line to ``proc``'s stdin."""
+    stdin: IO[str] | None = proc.stdin
+    assert stdin is not None
+    stdin.write(text + "\n")
+    stdin.flush()
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    """Terminate ``proc`` (kill it after 10 s)."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

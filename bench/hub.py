@@ -60,10 +60,9 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
 
 import psutil
-from _common import Result, header, percentile, table
+from _common import Result, header, percentile, readline, spawn, stop, table, tell
 
 HERE = Path(__file__).resolve().parent
 TENANT = "t"
@@ -83,46 +82,16 @@ LABELS = {
 # -- processes ----------------------------------------------------------------------------------
 
 
-def _readline(proc: subprocess.Popen[str], expect: str) -> str:
-    assert proc.stdout is not None
-    while True:
-        line = proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"{proc.args!r} exited (code {proc.wait()}) before {expect!r}")
-        if line.startswith(expect):
-            return line[len(expect) :].strip()
 
 
-def _tell(proc: subprocess.Popen[str], text: str = "GO") -> None:
-    stdin: IO[str] | None = proc.stdin
-    assert stdin is not None
-    stdin.write(text + "\n")
-    stdin.flush()
 
 
-def _spawn(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, *args],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=HERE,
-    )
 
 
 def _peers(*args: str) -> subprocess.Popen[str]:
-    return _spawn([str(HERE / "_hub_peers.py"), *args])
+    return spawn([str(HERE / "_hub_peers.py"), *args])
 
 
-def _stop(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @dataclass
@@ -184,8 +153,8 @@ def start_server(
         env["PYTHONPATH"] = os.pathsep.join(p for p in (tree, env.get("PYTHONPATH")) if p)
     if os.environ.get("HUB_BENCH_PROFILE"):  # e.g. HUB_BENCH_PROFILE=/tmp/hub  -> .crdtstore
         args += ["--profile", f"{os.environ['HUB_BENCH_PROFILE']}.{kind}"]
-    proc = _spawn(args, env)
-    port = int(_readline(proc, "PORT "))
+    proc = spawn(args, env)
+    port = int(readline(proc, "PORT "))
     return Server(kind, proc, port, secret)
 
 
@@ -228,27 +197,27 @@ def trial(server: Server, observers: int, n: int, rate: float) -> Trial:
     writer = _peers("writer", server.url(run, "writer", "rw"), "--n", str(n), "--rate", str(rate))
     procs: list[subprocess.Popen[str]] = []
     try:
-        _readline(writer, "SYNCED")  # the run exists now (our hub: created by a rw token)
+        readline(writer, "SYNCED")  # the run exists now (our hub: created by a rw token)
         nproc = min(4, math.ceil(observers / OBSERVERS_PER_PROCESS))
         deadline = (n / rate if rate > 0 else n / 200) + 60
         for p in range(nproc):
             urls = [server.url(run, f"obs{i}", "ro") for i in range(p, observers, nproc)]
             procs.append(_peers("observers", *urls, "--n", str(n), "--deadline", str(deadline)))
         for proc in procs:
-            _readline(proc, "READY")
+            readline(proc, "READY")
         cpu0 = server.cpu()
-        _tell(writer)
+        tell(writer)
         for proc in procs:
-            _readline(proc, "DONE")
+            readline(proc, "DONE")
         cpu1 = server.cpu()
-        sent = json.loads(_readline(writer, "RESULT "))["sent"]
+        sent = json.loads(readline(writer, "RESULT "))["sent"]
         for proc in [writer, *procs]:
-            _tell(proc)
+            tell(proc)
         latencies: list[float] = []
         lost = 0
         last = 0
         for proc in procs:
-            res = json.loads(_readline(proc, "RESULT "))
+            res = json.loads(readline(proc, "RESULT "))
             for arrivals in res["arrivals"]:
                 for seq, at in enumerate(arrivals):
                     if not at:
@@ -262,7 +231,7 @@ def trial(server: Server, observers: int, n: int, rate: float) -> Trial:
         return Trial(latencies, cpu1 - cpu0, n, observers, lost, (last - sent[0]) / 1e9)
     finally:
         for proc in [writer, *procs]:
-            _stop(proc)
+            stop(proc)
 
 
 # -- join ---------------------------------------------------------------------------------------
@@ -305,11 +274,11 @@ def join_once(server: Server, run: str, keys: int) -> tuple[float, float, int]:
     proc = _peers("join", server.url(run, "joiner", "ro"), "--keys", str(keys))
     try:
         cpu0 = server.cpu()
-        res = json.loads(_readline(proc, "RESULT "))
+        res = json.loads(readline(proc, "RESULT "))
         cpu1 = server.cpu()
         proc.wait(30)
     finally:
-        _stop(proc)
+        stop(proc)
     if not res["ok"]:
         raise RuntimeError(f"{server.label}: joined with {res['keys']} of {keys} keys")
     return res["seconds"], cpu1 - cpu0, res["bytes"]
@@ -400,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
                 results += joining([ours, peer], keys, joins)
         finally:
             for s in servers:
-                _stop(s.proc)
+                stop(s.proc)
     print(f"   load average at the end {os.getloadavg()[0]:.2f}")
     for r in results:
         r.emit()
@@ -574,7 +543,7 @@ def ab(trees: list[str], counts: list[int], n: int, rate: float, repeat: int) ->
                         )
         finally:
             for s in servers:
-                _stop(s.proc)
+                stop(s.proc)
     table(
         ["tree", *(f"{obs} observers: us/update (/observer)" for obs in counts)],
         [
@@ -635,14 +604,14 @@ def joining(servers: list[Server], keys: int, joins: int) -> list[Result]:
         times["cold"].append(join_once(ours, "big", keys))
     holder = _peers("observers", ours.url("big", "holder", "ro"), "--n", "0")
     try:
-        _readline(holder, "READY")
+        readline(holder, "READY")
         for _ in range(joins):
             times["warm"].append(join_once(ours, "big", keys))
             times["pycrdt"].append(join_once(peer, "big", keys))
-        _tell(holder)
+        tell(holder)
         holder.wait(30)
     finally:
-        _stop(holder)
+        stop(holder)
     rows = []
     for name, label in [
         ("warm", "crdtstore hub, run loaded"),

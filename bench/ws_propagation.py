@@ -42,9 +42,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from _common import Result, fmt, header, median, percentile, table
+from _common import Result, fmt, header, median, percentile, readline, spawn, stop, table, tell
 
 HERE = Path(__file__).resolve().parent
 TENANT = "bench"
@@ -122,42 +122,12 @@ def agent(role: str, url: str, run: str, token: str | None, n: int, rate: float)
 # -- parent ---------------------------------------------------------------------------------------
 
 
-def _spawn(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, *args],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=HERE,
-    )
 
 
-def _readline(proc: subprocess.Popen[str], expect: str) -> str:
-    assert proc.stdout is not None
-    while True:
-        line = proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"{proc.args!r} exited (code {proc.wait()}) before {expect!r}")
-        if line.startswith(expect):
-            return line[len(expect) :].strip()
 
 
-def _tell(proc: subprocess.Popen[str], text: str = "GO") -> None:
-    stdin: IO[str] | None = proc.stdin
-    assert stdin is not None
-    stdin.write(text + "\n")
-    stdin.flush()
 
 
-def _stop(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 class Hub:
@@ -205,7 +175,7 @@ class Hub:
         return mint(self.secret.encode(), claims)
 
     def stop(self) -> None:
-        _stop(self.proc)  # type: ignore[arg-type]
+        stop(self.proc)  # type: ignore[arg-type]
 
 
 _trials = 0
@@ -226,23 +196,23 @@ def trial(
         if kind == "yjs":
             base = f"ws://127.0.0.1:{hub.port}/{TENANT}/{run}"
             w_url = f"{base}?token={hub.token(run, 'writer', 'rw')}"
-            writer = _spawn([str(HERE / "_hub_peers.py"), "writer", w_url, "--n", str(n),
+            writer = spawn([str(HERE / "_hub_peers.py"), "writer", w_url, "--n", str(n),
                              "--rate", str(rate)])  # fmt: skip
             procs.append(writer)
-            _readline(writer, "SYNCED")
+            readline(writer, "SYNCED")
             urls = [f"{base}?token={hub.token(run, f'r{i}', 'ro')}" for i in range(readers)]
-            obs = [_spawn([str(HERE / "_hub_peers.py"), "observers", u, "--n", str(n),
+            obs = [spawn([str(HERE / "_hub_peers.py"), "observers", u, "--n", str(n),
                            "--deadline", str(n / rate + 60)]) for u in urls]  # fmt: skip
             procs += obs
             for p in obs:
-                _readline(p, "READY")
-            _tell(writer)
+                readline(p, "READY")
+            tell(writer)
             for p in obs:
-                _readline(p, "DONE")
-            sent = json.loads(_readline(writer, "RESULT "))["sent"]
+                readline(p, "DONE")
+            sent = json.loads(readline(writer, "RESULT "))["sent"]
             for p in [writer, *obs]:
-                _tell(p)
-            arrivals = [json.loads(_readline(p, "RESULT "))["arrivals"][0] for p in obs]
+                tell(p)
+            arrivals = [json.loads(readline(p, "RESULT "))["arrivals"][0] for p in obs]
         else:
             if kind == "ws":
                 url = f"ws://127.0.0.1:{hub.port}/{TENANT}"
@@ -256,19 +226,19 @@ def trial(
                     return "-"
 
             common = ["--n", str(n), "--rate", str(rate), "--run", run, "--url", url]
-            writer = _spawn([me, "--agent", "writer", "--token", tok("writer", "rw"), *common])
+            writer = spawn([me, "--agent", "writer", "--token", tok("writer", "rw"), *common])
             procs.append(writer)
-            _readline(writer, "READY")  # the run exists now
+            readline(writer, "READY")  # the run exists now
             rs = [
-                _spawn([me, "--agent", "reader", "--token", tok(f"r{i}", "ro"), *common])
+                spawn([me, "--agent", "reader", "--token", tok(f"r{i}", "ro"), *common])
                 for i in range(readers)
             ]
             procs += rs
             for p in rs:
-                _readline(p, "READY")
-            _tell(writer)
-            sent = json.loads(_readline(writer, "RESULT "))["sent"]
-            results = [json.loads(_readline(p, "RESULT ")) for p in rs]
+                readline(p, "READY")
+            tell(writer)
+            sent = json.loads(readline(writer, "RESULT "))["sent"]
+            results = [json.loads(readline(p, "RESULT ")) for p in rs]
             arrivals = [r["arrivals"] for r in results]
             cpu = [r["cpu"] for r in results]
         lat: list[float] = []
@@ -293,7 +263,7 @@ def trial(
         }
     finally:
         for p in procs:
-            _stop(p)
+            stop(p)
 
 
 def main(argv: list[str] | None = None) -> int:
