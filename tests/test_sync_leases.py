@@ -203,6 +203,24 @@ async def wait_for(predicate: Callable[[], Any], what: str) -> None:
             await anyio.sleep(0.02)
 
 
+async def queue_behind(tg: Any, waiter: Any, leases: Any) -> anyio.Event:
+    """Start ``waiter.acquire()`` in ``tg`` and return once ``leases`` shows one waiter; the
+    event returned is set when the waiter holds the lease."""
+    got = anyio.Event()
+
+    async def wait_for_it() -> None:
+        await waiter.acquire()
+        got.set()
+
+    tg.start_soon(wait_for_it)
+
+    async def queued() -> bool:
+        return len((await leases.status()).waiters) == 1
+
+    await wait_for(queued, "the waiter queues")
+    return got
+
+
 # -- over real WebSockets (asyncio: the hub is websockets' asyncio server) --------------------
 
 
@@ -643,18 +661,7 @@ async def test_the_lease_api_works_over_remote_leases() -> None:
                 assert not held.lost
 
                 waiter = bob.lease(["src/a.py"], ttl=ttl)
-                got = anyio.Event()
-
-                async def wait_for_it() -> None:
-                    await waiter.acquire()
-                    got.set()
-
-                tg.start_soon(wait_for_it)
-
-                async def queued() -> bool:
-                    return len((await store.leases.status()).waiters) == 1
-
-                await wait_for(queued, "bob queues")
+                got = await queue_behind(tg, waiter, store.leases)
             released_at = time.monotonic()
             await got.wait()
             handed_after = time.monotonic() - released_at
@@ -902,19 +909,8 @@ async def test_store_lease_through_the_ws_store_renews_and_hands_off(tmp_path: P
                 with pytest.raises(LeaseTimeout):
                     await bob.lease(["src/a.py"], ttl=ttl, timeout=2 * ttl).acquire()
                 await held.check()  # renewed through the hub past two TTLs
-                got = anyio.Event()
                 waiter = bob.lease(["src/a.py"], ttl=ttl)
-
-                async def wait_for_it() -> None:
-                    await waiter.acquire()
-                    got.set()
-
-                tg.start_soon(wait_for_it)
-
-                async def queued() -> bool:
-                    return len((await alice.leases.status()).waiters) == 1
-
-                await wait_for(queued, "bob queues")
+                got = await queue_behind(tg, waiter, alice.leases)
             released_at = time.monotonic()
             await got.wait()
             handed_after = time.monotonic() - released_at
