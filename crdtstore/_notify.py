@@ -25,12 +25,17 @@ import os
 import secrets
 import socket
 import tempfile
+import time
 from pathlib import Path
 
 import anyio
 from anyio.abc import SocketAttribute, TaskStatus
 
 log = logging.getLogger("crdtstore.notify")
+
+# A listing of the socket folder is reused while the folder's mtime stays what it was, if the
+# folder had been quiet this long (ns) when it was listed (mtimes are coarse: a few ms).
+_QUIET_NS = 50_000_000
 
 
 class Watch:
@@ -91,6 +96,9 @@ class Notifier:
         self._dir: Path | None = None
         self._path: Path | None = None
         self._send: socket.socket | None = None
+        self._own = ""  # the path of this process's socket
+        self._listed: list[str] = []  # the other processes' sockets (see _listeners)
+        self._listed_at: int | None = None  # the folder's mtime (ns) when listed
 
     def watch(self, tenant: str, run: str) -> Watch:
         w = self._watches.get((tenant, run))
@@ -106,35 +114,59 @@ class Notifier:
             if w.users <= 0:
                 del self._watches[(tenant, run)]
 
-    def _wake(self, tenant: str, run: str, seq: int | None = None) -> None:
+    def _wake(
+        self, tenant: str, run: str, seq: int | None = None, own: Watch | None = None
+    ) -> None:
         w = self._watches.get((tenant, run))
-        if w is not None:
-            w.fire(seq)
+        if w is None:
+            return
+        if w is own and w.users == 1 and seq is not None:
+            # the writer's own watch, and nobody else here reads the run: the writer has
+            # the entries already, so the position is noted without a wake-up
+            if seq > w.head:
+                w.head = seq
+            return
+        w.fire(seq)
 
-    def notify(self, tenant: str, run: str, seq: int | None = None) -> None:
+    def notify(
+        self, tenant: str, run: str, seq: int | None = None, *, own: Watch | None = None
+    ) -> None:
         """The journal of ``tenant/run`` grew (up to position ``seq``, when given): wake
-        readers here and in other processes."""
-        self._wake(tenant, run, seq)
+        readers here and in other processes. ``own``: the watch of the writer, which has
+        taken in everything up to ``seq`` (it is not woken when no other reader shares it)."""
+        self._wake(tenant, run, seq, own)
         if self._send is None or self._dir is None:
             return
         payload = (f"{tenant}\x00{run}" if seq is None else f"{tenant}\x00{run}\x00{seq}").encode()
-        try:
-            entries = list(os.scandir(self._dir))
-        except OSError:
-            return
-        for entry in entries:
-            if entry.path == str(self._path):
-                continue
+        for path in self._listeners():
             try:
-                self._send.sendto(payload, entry.path)
+                self._send.sendto(payload, path)
             except (ConnectionRefusedError, FileNotFoundError):
                 # nobody is bound there any more: a process that died without cleaning up
                 with contextlib.suppress(OSError):
-                    os.unlink(entry.path)
+                    os.unlink(path)
             except OSError:
                 # full buffer (the peer is busy and will read everything on its next wake-up)
                 # or a file that is not a socket: a hint is allowed to get lost
                 pass
+
+    def _listeners(self) -> list[str]:
+        """The sockets of the other processes (the folder's entries but this one's): listed
+        again only when the folder changed (its mtime: one ``stat`` rather than a listing per
+        commit). A listing is kept only if the folder had not changed for
+        :data:`_QUIET_NS` before it was made, so that a socket bound right after it, within
+        the file system's timestamp granularity, still changes the mtime seen next."""
+        assert self._dir is not None
+        try:
+            stamp = os.stat(self._dir).st_mtime_ns
+            if stamp == self._listed_at:
+                return self._listed
+            listed = [e.path for e in os.scandir(self._dir) if e.path != self._own]
+        except OSError:
+            return []
+        self._listed = listed
+        self._listed_at = stamp if time.time_ns() - stamp >= _QUIET_NS else None
+        return listed
 
     async def serve(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Receive notifications from other processes until cancelled."""
@@ -145,6 +177,7 @@ class Notifier:
             self._dir = _socket_dir(self._key)
             self._dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             self._path = self._dir / f"{os.getpid()}-{secrets.token_hex(4)}"
+            self._own = str(self._path)
             sock = await anyio.create_unix_datagram_socket(local_path=self._path)
             self._send = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
             self._send.setblocking(False)

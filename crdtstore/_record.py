@@ -1371,7 +1371,9 @@ class Record:
             self._fast_committed(batch, seqs)
         self._committed += len(batch)
         self._fire_commit()
-        self._store._notifier.notify(self.tenant, self._jrun, seqs[-1] if seqs else None)
+        last = seqs[-1] if seqs else None
+        own = self._watch if last is not None and last == self.applied_seq else None
+        self._store._notifier.notify(self.tenant, self._jrun, last, own=own)
         if seqs:  # automatic compaction (Store.auto_compact) once the journal has grown
             self._store._after_commit(self._jrun, seqs[-1])
 

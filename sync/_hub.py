@@ -80,6 +80,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import logging
+import math
 import os
 import time
 import weakref
@@ -98,11 +99,13 @@ try:
     import sniffio
 except ImportError:  # pragma: no cover - anyio runs without it (and then assumes asyncio)
     sniffio = None  # type: ignore[assignment]
-from websockets.asyncio.server import Server, ServerConnection, broadcast, serve
+from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
+from websockets.frames import Frame, Opcode
 from websockets.http11 import Request as HttpRequest
 from websockets.http11 import Response as HttpResponse
+from websockets.protocol import State
 from websockets.typing import Subprotocol
 
 from crdtstore import (
@@ -190,9 +193,17 @@ class HubLimits:
             client that floods the hub is misbehaving, and y-websocket treats 44xx as final).
             None: no limit.
         revocation_poll: seconds between checks of the revocation file for changes.
+        journal_window: how long the updates of plain Yjs clients may wait to be journaled
+            (seconds; 0: journaled at the end of the event loop iteration that applied them).
+            A run's record commits at most once per window while nobody waits for a commit:
+            the updates that arrive meanwhile share the next commit. A ``flush`` request, a
+            ``ws://`` client's append, or a ``ws://`` client connected to the run (it reads
+            the journal) makes the commit happen in that iteration. The hub relays updates
+            before journaling them either way; a Yjs client is never told that its update is
+            journaled, and after a hub crash it sends what the hub lacks on reconnect.
 
     Raises:
-        InvalidValue: a limit that is not > 0.
+        InvalidValue: a limit that is not > 0 (``journal_window``: < 0).
     """
 
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
@@ -205,8 +216,13 @@ class HubLimits:
     rate_per_second: float | None = 2000.0
     rate_burst: int = 10_000
     revocation_poll: float = 0.5
+    journal_window: float = 0.02
 
     def __post_init__(self) -> None:
+        if not self.journal_window >= 0.0:
+            raise InvalidValue(
+                f"HubLimits.journal_window must be >= 0, not {self.journal_window!r}"
+            )
         positive: dict[str, float | None] = {
             "max_message_size": self.max_message_size,
             "max_queue_frames": self.max_queue_frames,
@@ -227,10 +243,15 @@ class HubLimits:
 _CURRENT: ContextVar[_Conn | None] = ContextVar("sync_hub_connection", default=None)
 
 
-def _loop_call_soon() -> Callable[[Callable[[], None]], object] | None:
-    """A function that schedules a synchronous callback on the running event loop's thread,
-    to run after the tasks that are ready now (asyncio: ``loop.call_soon``, in a context that
-    names the library to anyio; trio: ``run_sync_soon``); None on another loop."""
+def _loop_schedulers() -> tuple[
+    Callable[[Callable[[], None]], object] | None,
+    Callable[[float, Callable[[], None]], Any] | None,
+]:
+    """``(call_soon, call_later)`` for the running event loop's thread: ``call_soon(f)``
+    runs the synchronous callback ``f`` after the tasks that are ready now, ``call_later(d,
+    f)`` runs it in ``d`` seconds and returns a handle with ``cancel()`` (asyncio:
+    ``loop.call_soon``/``loop.call_later``, in a context that names the library to anyio;
+    trio: ``run_sync_soon``, and no ``call_later``); ``(None, None)`` on another loop."""
     try:
         import asyncio
 
@@ -241,13 +262,16 @@ def _loop_call_soon() -> Callable[[Callable[[], None]], object] | None:
         ctx = contextvars.Context()  # (a callback has no task: anyio learns the library here)
         if sniffio is not None:
             ctx.run(sniffio.current_async_library_cvar.set, "asyncio")
-        return functools.partial(loop.call_soon, context=ctx)
+        return (
+            functools.partial(loop.call_soon, context=ctx),
+            functools.partial(loop.call_later, context=ctx),
+        )
     try:
         import trio
 
-        return trio.lowlevel.current_trio_token().run_sync_soon
+        return trio.lowlevel.current_trio_token().run_sync_soon, None
     except (ImportError, RuntimeError):
-        return None
+        return None, None
 
 
 class _HubRecord(Record):
@@ -276,18 +300,25 @@ class _HubRecord(Record):
     _hub_agent: str
     _hub_source: str
     _call_soon: Callable[[Callable[[], None]], object] | None = None
+    _call_later: Callable[[float, Callable[[], None]], Any] | None = None
     _append_now: Callable[[str, str, Sequence[NewEntry]], list[int] | None] | None = None
     _journal_due = False
+    _timer: Any = None  # the handle of a deferred _journal (call_later)
+    _last_commit = -math.inf  # time.monotonic() of the last group commit
+    journal_window = 0.0
+    readers = 0  # connections that read from the journal (ws:// clients): never defer then
     group_commits = 0  # commits made by _journal (tests, metrics)
 
-    def bind_loop(self) -> None:
+    def bind_loop(self, journal_window: float = 0.0) -> None:
         """Journal on the running event loop from now on (see the class docstring), if the
         record is ``batched`` and its backend can append at once; else leave it to the
-        committer. Call from the loop's thread."""
+        committer. Call from the loop's thread. ``journal_window``: see
+        :attr:`HubLimits.journal_window`."""
         append_now = getattr(self._backend, "append_now", None)
         if self.durability == "batched" and append_now is not None:
             self._append_now = append_now
-            self._call_soon = _loop_call_soon()
+            self._call_soon, self._call_later = _loop_schedulers()
+            self.journal_window = journal_window
 
     def _enqueue(self, update: bytes, ops: list[Op], meta: Meta) -> None:
         call_soon = self._call_soon
@@ -299,13 +330,43 @@ class _HubRecord(Record):
             super()._enqueue(update, ops, meta)
         finally:
             self._committer_idle = idle
-        if not self._journal_due:
-            self._journal_due = True
+        if self._journal_due:
+            if self._timer is not None and self._fast:  # a ws:// append waits for its answer
+                self._urge()
+            return
+        self._journal_due = True
+        delay = self._deferral()
+        if delay > 0.0:
+            assert self._call_later is not None
+            self._timer = self._call_later(delay, self._journal)
+        else:
             call_soon(self._journal)
+
+    def _deferral(self) -> float:
+        """How long the entries queued now may wait for their commit: until one
+        ``journal_window`` after the last commit, when nobody waits for it (no ``flush``, no
+        ``ws://`` append, no connection reading the journal); else 0 (this iteration)."""
+        window = self.journal_window
+        if window <= 0.0 or self._call_later is None or self._fast or self.readers:
+            return 0.0
+        return self._last_commit + window - time.monotonic()
+
+    def _urge(self) -> None:
+        """Journal a deferred batch in this iteration instead of when its timer runs out."""
+        timer, self._timer = self._timer, None
+        if timer is not None and self._call_soon is not None:
+            timer.cancel()
+            self._call_soon(self._journal)
+
+    async def _wait_committed(self, target: int) -> None:
+        if self._committed < target:
+            self._urge()
+        await super()._wait_committed(target)
 
     def _journal(self) -> None:
         """Append every queued entry now in one commit; else leave them to the committer."""
         self._journal_due = False
+        self._timer = None
         try:
             if self._commit_now():
                 return
@@ -336,6 +397,7 @@ class _HubRecord(Record):
         if seqs is None:
             return False
         self.group_commits += 1
+        self._last_commit = time.monotonic()
         self._mark_committed(batch, seqs)
         return True
 
@@ -391,6 +453,11 @@ class _CheckingDocument(ReplicaDocument):
     def apply_update(self, update: bytes) -> None:
         self.replica.check_update(update)
         self.reservation = self.room.reserve(len(update), self.max_document_bytes)
+
+
+def _wire(frame: bytes) -> bytes:
+    """The WebSocket binary frame (server side: unmasked, no extension) carrying ``frame``."""
+    return Frame(Opcode.BINARY, frame).serialize(mask=False, extensions=())
 
 
 class _Room:
@@ -465,18 +532,19 @@ class _Room:
 
     def broadcast(self, frame: bytes, exclude: _Conn | None = None) -> None:
         """Send ``frame`` to every connection but ``exclude`` (and the crdtstore clients, which
-        get pushes instead): in one ``websockets.broadcast`` call to those that can take it
-        at once (:meth:`_Conn.writable`), through :meth:`_Conn.send` to the others."""
-        direct: list[ServerConnection] = []
+        get pushes instead): the WebSocket frame is built once (:func:`_wire`) and written to
+        the socket of every connection that can take it at once (:meth:`_Conn.write_now`);
+        the others get it through :meth:`_Conn.send` (their send queue)."""
+        wire: bytes | None = None
         for conn in list(self.conns):
             if conn is exclude or conn.journal_client:
                 continue
             if conn.writable():
-                direct.append(conn.ws)
+                if wire is None:
+                    wire = _wire(frame)
+                conn.write_now(wire)
             else:
                 conn.send(frame)
-        if direct:
-            broadcast(direct, frame)  # synchronous; skips a connection not open
 
     def update_awareness(self, entries: Iterable[AwarenessEntry]) -> None:
         for entry in entries:
@@ -544,6 +612,17 @@ class _Conn:
             and self.ws.transport.get_write_buffer_size() < self.high_water
         )
 
+    def write_now(self, wire: bytes) -> None:
+        """Write a whole WebSocket frame (:func:`_wire`) to the socket now, if the connection
+        is open (as ``websockets.broadcast`` does, which builds the frame again for every
+        connection). Only when :meth:`writable`. The hub sends no fragmented message and
+        negotiates no extension (``compression=None``), so the bytes of a frame are the same
+        for every connection and nothing of websockets' own can be half-written meanwhile:
+        it writes whole frames to the transport, on this thread, as they are sent."""
+        ws = self.ws
+        if ws.protocol.state is State.OPEN:
+            ws.transport.write(wire)
+
     def send(self, frame: bytes) -> None:
         """Send a frame without blocking: written to the socket at once when
         :meth:`writable` (as ``ws.send`` would, without waking the sender task: the broadcast
@@ -552,7 +631,7 @@ class _Conn:
         if self.close_with is not None:
             return
         if self.writable():
-            broadcast((self.ws,), frame)  # synchronous; skips a connection not open
+            self.write_now(_wire(frame))
             return
         limits = self.limits
         if (
@@ -932,7 +1011,7 @@ class Hub:
                     store = await self._store(tenant)
                     rec = _HubRecord(store, run, HUB_AGENT, "system", create=not claims.read_only)
                     await rec.start()
-                    rec.bind_loop()
+                    rec.bind_loop(self.limits.journal_window)
                     size = len(rec.replica.doc.get_update())
                     limit = self.limits.max_document_bytes
                     if limit is not None and size > limit:
@@ -1026,6 +1105,7 @@ class Hub:
                 log.info("%r: connected (%s)", conn, claims.mode)
                 if ws.subprotocol == SUBPROTOCOL:
                     conn.journal_client = True
+                    room.rec.readers += 1
                     tg.start_soon(push_heads, conn)
                     tg.start_soon(push_leases, conn)
                 else:
@@ -1038,6 +1118,8 @@ class Hub:
                 tg.cancel_scope.cancel()
         finally:
             room.conns.discard(conn)
+            if conn.journal_client:
+                room.rec.readers -= 1
             removal = conn.awareness_removal()
             if removal is not None:
                 room.broadcast(removal)
