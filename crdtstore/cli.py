@@ -10,6 +10,7 @@
     crdtstore token --tenant T --run R --agent A [--rw | --ro] [--ttl SECONDS]
     crdtstore token revoke --jti ID (--store URL | --revoked-file F)
     crdtstore serve --store URL [--host H] [--port P] [--secret-file F] [--revoked-file F]
+                    [--journal-window SECONDS]
 
 ``URL`` is a store URL (``sqlite:///path/store.db``) or simply the path of a SQLite store file.
 Only the public API is used here.
@@ -1077,11 +1078,22 @@ def serve(
             "for y-websocket clients) or 'http' (HTTP 401/403 at the upgrade).",
         ),
     ] = "close",
+    journal_window: Annotated[
+        float | None,
+        typer.Option(
+            "--journal-window",
+            help="Seconds a plain Yjs client's update may wait to be journaled, so that "
+            "updates arriving together share a commit (default 0.02; 0: every event-loop "
+            "iteration).",
+        ),
+    ] = None,
 ) -> None:
     """Start the sync hub: agents connect to ws://HOST:PORT/<tenant>/<run>?token=...;
     tokens listed in the revocation file are refused (it is re-read when it changes)."""
     try:
-        _sync_cli().serve_hub(store, host, port, secret_file, revoked_file, refuse_with)
+        _sync_cli().serve_hub(
+            store, host, port, secret_file, revoked_file, refuse_with, journal_window
+        )
     except CrdtStoreError as exc:
         raise _fail(str(exc)) from None
 

@@ -29,7 +29,7 @@ from pydantic import ValidationError
 
 from crdtstore import CrdtStoreError, InvalidValue
 
-from ._hub import Hub
+from ._hub import Hub, HubLimits
 from ._tokens import (
     TokenClaims,
     append_revoked,
@@ -129,20 +129,25 @@ def serve_hub(
     secret_file: Path | None = None,
     revoked_file: Path | None = None,
     refuse_with: str = "close",
+    journal_window: float | None = None,
 ) -> None:
     """Run the hub until interrupted. The secret is loaded first: no secret, no hub.
-    ``refuse_with``: how a bad token is refused (see :class:`Hub`).
+    ``refuse_with``: how a bad token is refused (see :class:`Hub`); ``journal_window``:
+    :attr:`HubLimits.journal_window` (seconds; None: its default).
 
     Raises:
         SecretMissing: no secret, or too short.
-        InvalidValue: ``refuse_with`` is neither ``"close"`` nor ``"http"``.
+        InvalidValue: ``refuse_with`` is neither ``"close"`` nor ``"http"``, or
+            ``journal_window`` is negative.
     """
     secret = load_secret(secret_file)
     if refuse_with not in ("close", "http"):
         raise InvalidValue(f"--refuse-with must be 'close' or 'http', not {refuse_with!r}")
+    limits = HubLimits() if journal_window is None else HubLimits(journal_window=journal_window)
     hub = Hub(
         store,
         secret,
+        limits=limits,
         revoked_file=revoked_file,
         refuse_with="http" if refuse_with == "http" else "close",
     )
@@ -196,6 +201,15 @@ RefuseWithOpt = Annotated[
     ),
 ]
 
+JournalWindowOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--journal-window",
+        help="Seconds a plain Yjs client's update may wait to be journaled, so that updates "
+        "arriving together share a commit (default 0.02; 0: every event-loop iteration).",
+    ),
+]
+
 
 def serve_command(
     store: StoreOpt,
@@ -204,11 +218,12 @@ def serve_command(
     secret_file: SecretFileOpt = None,
     revoked_file: RevokedFileOpt = None,
     refuse_with: RefuseWithOpt = "close",
+    journal_window: JournalWindowOpt = None,
 ) -> None:
     """Start the sync hub: agents connect to ws://HOST:PORT/<tenant>/<run>?token=...;
     tokens listed in the revocation file are refused (it is re-read when it changes)."""
     try:
-        serve_hub(store, host, port, secret_file, revoked_file, refuse_with)
+        serve_hub(store, host, port, secret_file, revoked_file, refuse_with, journal_window)
     except CrdtStoreError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
