@@ -150,6 +150,11 @@ class Notifier:
                 # or a file that is not a socket: a hint is allowed to get lost
                 pass
 
+    def others_listening(self) -> bool:
+        """Whether other processes have the store open (their sockets are in the folder, as
+        last listed: see :meth:`_listeners`); False without the datagram channel."""
+        return self._dir is not None and self._send is not None and bool(self._listeners())
+
     def _listeners(self) -> list[str]:
         """The sockets of the other processes (the folder's entries but this one's): listed
         again only when the folder changed (its mtime: one ``stat`` rather than a listing per

@@ -1516,13 +1516,7 @@ class Record:
         self._check_writable()
         while self._txn_task is not None:
             await self._txn_idle.wait()
-        if any(
-            spec.policy != "open"
-            or spec.max_entries is not None
-            or spec.max_bytes is not None
-            or spec.max_value_bytes is not None
-            for spec in self._specs.values()
-        ):
+        if self._enforcing():
             scratch = self.replica.trial_copy()
             ops = policed(scratch.apply_external(update, register=True, checked=True)[0])
             self._enforce(ops, conditional=False)
@@ -1533,7 +1527,9 @@ class Record:
         # an update with a clock gap at once but leaves it out of the transaction's update,
         # and every replica must see what this one shows.
         if delta is not None or update not in _EMPTY_UPDATES:
-            self._enqueue(update if delta is None else merge_updates(update, delta), ops, meta)
+            if delta is not None and delta != update:  # (usually the same bytes)
+                update = merge_updates(update, delta)
+            self._enqueue(update, ops, meta)
         await self._after_write()
 
     async def sync(self) -> int:

@@ -197,13 +197,15 @@ class HubLimits:
             (seconds; 0: journaled at the end of the event loop iteration that applied them).
             A run's record commits at most once per window while nobody waits for a commit:
             the updates that arrive meanwhile share the next commit. A ``flush`` request, a
-            ``ws://`` client's append, or a ``ws://`` client connected to the run (it reads
-            the journal) makes the commit happen in that iteration. The hub relays updates
-            before journaling them either way; a Yjs client is never told that its update is
-            journaled, and after a hub crash it sends what the hub lacks on reconnect.
+            ``ws://`` client's append, a ``ws://`` client connected to the run (it reads the
+            journal), or another store object having the store open (another process, seen
+            from the notification sockets next to a SQLite store) makes the commit happen in
+            that iteration. The hub relays updates before journaling them either way; a Yjs
+            client is never told that its update is journaled, and after a hub crash it
+            sends what the hub lacks on reconnect.
 
     Raises:
-        InvalidValue: a limit that is not > 0 (``journal_window``: < 0).
+        InvalidValue: a limit that is not > 0 (``journal_window``: < 0 or not finite).
     """
 
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
@@ -219,9 +221,9 @@ class HubLimits:
     journal_window: float = 0.02
 
     def __post_init__(self) -> None:
-        if not self.journal_window >= 0.0:
+        if not 0.0 <= self.journal_window < math.inf:
             raise InvalidValue(
-                f"HubLimits.journal_window must be >= 0, not {self.journal_window!r}"
+                f"HubLimits.journal_window must be >= 0 and finite, not {self.journal_window!r}"
             )
         positive: dict[str, float | None] = {
             "max_message_size": self.max_message_size,
@@ -331,8 +333,8 @@ class _HubRecord(Record):
         finally:
             self._committer_idle = idle
         if self._journal_due:
-            if self._timer is not None and self._fast:  # a ws:// append waits for its answer
-                self._urge()
+            if self._timer is not None and (self._fast or self.readers):
+                self._urge()  # a ws:// append waits for its answer, or a ws:// client reads
             return
         self._journal_due = True
         delay = self._deferral()
@@ -345,9 +347,16 @@ class _HubRecord(Record):
     def _deferral(self) -> float:
         """How long the entries queued now may wait for their commit: until one
         ``journal_window`` after the last commit, when nobody waits for it (no ``flush``, no
-        ``ws://`` append, no connection reading the journal); else 0 (this iteration)."""
+        ``ws://`` append, no connection reading the journal, no other process with the store
+        open: it may be reading the run); else 0 (this iteration)."""
         window = self.journal_window
-        if window <= 0.0 or self._call_later is None or self._fast or self.readers:
+        if (
+            window <= 0.0
+            or self._call_later is None
+            or self._fast
+            or self.readers
+            or self._store._notifier.others_listening()
+        ):
             return 0.0
         return self._last_commit + window - time.monotonic()
 
@@ -1106,6 +1115,7 @@ class Hub:
                 if ws.subprotocol == SUBPROTOCOL:
                     conn.journal_client = True
                     room.rec.readers += 1
+                    room.rec._urge()  # it reads the journal: what is deferred is due now
                     tg.start_soon(push_heads, conn)
                     tg.start_soon(push_leases, conn)
                 else:

@@ -383,8 +383,18 @@ def decode(frame: bytes, *, max_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> Message
     """
     if not isinstance(frame, (bytes, bytearray, memoryview)):
         raise ProtocolError(f"a frame is bytes, not {type(frame).__name__}")
-    if len(frame) > max_size:
-        raise MessageTooLarge("message", len(frame), max_size)
+    size = len(frame)
+    if size > max_size:
+        raise MessageTooLarge("message", size, max_size)
+    if size > 3 and frame[0] == MessageType.SYNC and frame[1] == SyncType.UPDATE:
+        # the hub's most frequent frame, read inline: an update whose length takes one or
+        # two bytes (up to 16 KiB); anything else (a bad length too) takes the general way
+        first = frame[2]
+        if first < 0x80:
+            if size == 3 + first:
+                return Update(bytes(frame[3:]))
+        elif frame[3] and frame[3] < 0x80 and size == 4 + ((first & 0x7F) | (frame[3] << 7)):
+            return Update(bytes(frame[4:]))
     dec = Decoder(frame)
     kind = dec.read_var_uint()
     message: Message
