@@ -13,8 +13,8 @@ holding the update in ``FILE`` (a run's record as pycrdt-websocket would serve i
 ``ystore``: the same pycrdt-websocket server whose rooms persist every update in
 pycrdt-store's ``SQLiteYStore`` (``--store``'s path + ``.ystore.db``; one row and commit per
 update, no squashing): the persistent peer. ``relay``: no document at all, each update frame
-relayed as is to the other connections of its path with ``websockets.broadcast``: the floor for
-a Python hub on ``websockets``.
+relayed as is to the other connections of its path (the WebSocket frame built once and written
+to each socket, as our hub's broadcast does): the floor for a Python hub on ``websockets``.
 
 Prints ``PORT <n>`` on stdout once listening; stops on SIGTERM/SIGINT. ``--profile FILE``
 writes a cProfile of the whole process there on the way out.
@@ -34,38 +34,10 @@ import time
 from typing import Any
 
 
-def patch_direct_send() -> None:
-    """The direct send (``--direct-send``) patched into a hub that does not have it yet (a
-    snapshot from before it went into ``sync/_hub.py``; on a hub that has it, this changes
-    nothing): a connection whose send queue is empty and whose socket buffer is small gets
-    the frame written at once with ``websockets.broadcast`` (synchronous, no task wake-up);
-    otherwise the frame is queued for the connection's sender task as before (same bound,
-    same order)."""
-    from websockets.asyncio.server import broadcast
-
-    from sync import _hub
-
-    queued = _hub._Conn.send
-    limit = 64 * 1024
-
-    def send(self: Any, frame: bytes) -> None:
-        if self.close_with is None and not self.queue:
-            transport = self.ws.transport
-            if transport is not None and transport.get_write_buffer_size() < limit:
-                broadcast([self.ws], frame)
-                return
-        queued(self, frame)
-
-    _hub._Conn.send = send  # type: ignore[method-assign]
-
-
-async def serve_crdtstore(store: str, direct_send: bool = False) -> None:
+async def serve_crdtstore(store: str) -> None:
     import anyio
 
     from sync import Hub
-
-    if direct_send:
-        patch_direct_send()
 
     hub = Hub(store, os.environ["CRDTSTORE_SECRET"].encode())
     async with anyio.create_task_group() as tg:
@@ -150,11 +122,20 @@ async def serve_pycrdt(preload: list[tuple[str, bytes]], ystore_db: str | None =
 
 
 async def serve_relay() -> None:
-    """The floor: relay each update frame to the other connections of the path with
-    ``websockets.broadcast`` (synchronous writes, no task per send, no document); a sync
+    """The floor: relay each update frame to the other connections of the path, the
+    WebSocket frame built once and written to each open socket (synchronous writes, no task
+    per send, no document: what our hub's broadcast does, without anything else); a sync
     step 1 is answered with an empty step 2."""
-    from websockets.asyncio.server import broadcast, serve
+    from websockets.asyncio.server import serve
     from websockets.exceptions import ConnectionClosed
+    from websockets.frames import Frame, Opcode
+    from websockets.protocol import State
+
+    def broadcast(conns: list[Any], frame: bytes) -> None:
+        wire = Frame(Opcode.BINARY, frame).serialize(mask=False, extensions=())
+        for c in conns:
+            if c.protocol.state is State.OPEN:
+                c.transport.write(wire)
 
     empty_step2 = b"\x00\x01\x02\x00\x00"
     rooms: dict[str, set[Any]] = {}
@@ -193,7 +174,6 @@ def main() -> None:
     ap.add_argument("--store", help="store URL (crdtstore)")
     ap.add_argument("--preload", action="append", default=[], metavar="PATH=FILE")
     ap.add_argument("--profile", metavar="FILE", help="write a cProfile of the process here")
-    ap.add_argument("--direct-send", action="store_true", help="crdtstore: see patch_direct_send")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     # CPU time, not wall time: on a loaded machine wall time would count preemption
@@ -202,7 +182,7 @@ def main() -> None:
         profiler.enable()
     try:
         if args.kind == "crdtstore":
-            asyncio.run(serve_crdtstore(args.store, args.direct_send))
+            asyncio.run(serve_crdtstore(args.store))
         elif args.kind in ("pycrdt", "ystore"):
             rooms = []
             for spec in args.preload:

@@ -3,7 +3,6 @@ and the time for a new client to join a run holding a 10 MB record.
 
     python bench/hub.py                  # 1,500 updates at 100/s per trial, 3 rounds, 10 MB
     python bench/hub.py --quick          # 150 updates at 100/s, 1 round, 2 MB (< 60 s)
-    python bench/hub.py --direct-send    # also our hub with the direct send patched in
     python bench/hub.py --no-ystore      # without pycrdt-websocket + SQLiteYStore
     python bench/hub.py --ab /tmp/before,  # our hub only: code trees A/B ("" = working tree)
 
@@ -12,8 +11,8 @@ The servers run side by side, each in a process of its own (``_hub_server.py``):
 ``WebsocketServer`` (an in-memory room, no YStore) behind the same ``websockets`` library, the
 same server whose rooms persist every update in pycrdt-store's ``SQLiteYStore`` (the
 persistent peer: like our hub, it writes each update to SQLite; informative), and
-a *floor relay* (no document, each update frame relayed with ``websockets.broadcast``: what
-any Python hub on ``websockets`` pays at least). Clients are other processes
+a *floor relay* (no document, each update frame relayed to the other sockets, the WebSocket
+frame built once: what any Python hub on ``websockets`` pays at least). Clients are other processes
 (``_hub_peers.py``), identical for every server.
 
 **Propagation** (1, 16 and 64 observers, read-only tokens on our hub): one writer sends small
@@ -75,7 +74,6 @@ LABELS = {
     "pycrdt": "pycrdt-websocket",
     "ystore": "pycrdt-ws+YStore",
     "relay": "floor relay",
-    "direct": "hub + direct send",
 }
 
 
@@ -126,7 +124,7 @@ class Server:
 
     def url(self, run: str, agent: str, mode: str) -> str:
         base = f"ws://127.0.0.1:{self.port}/{TENANT}/{run}"
-        if self.kind not in ("crdtstore", "direct"):
+        if self.kind != "crdtstore":
             return base
         from sync import TokenClaims, mint
 
@@ -141,12 +139,10 @@ def start_server(
 ) -> Server:
     """A server process; ``tree``: a copy of the code (``crdtstore/`` and ``sync/``) to run
     our hub from, put first on its ``PYTHONPATH`` (``--ab``)."""
-    args = [str(HERE / "_hub_server.py"), "crdtstore" if kind == "direct" else kind]
-    if kind in ("crdtstore", "direct", "ystore"):
+    args = [str(HERE / "_hub_server.py"), kind]
+    if kind in ("crdtstore", "ystore"):
         args += ["--store", store]
-    if kind == "direct":
-        args += ["--direct-send"]
-    elif preload:
+    if preload:
         args += ["--preload", preload]
     env = {**os.environ, "CRDTSTORE_SECRET": secret.decode()}
     if tree:
@@ -314,11 +310,6 @@ def main(argv: list[str] | None = None) -> int:
         action="store_false",
         help="leave out pycrdt-websocket with SQLiteYStore (the persistent peer)",
     )
-    ap.add_argument(
-        "--direct-send",
-        action="store_true",
-        help="also measure our hub with the direct send patched in (for a hub from before it)",
-    )
     args = ap.parse_args(argv)
     q = args.quick
     n = args.n or (150 if q else 1500)
@@ -358,8 +349,6 @@ def main(argv: list[str] | None = None) -> int:
         servers = [ours, peer, relay]
         if args.ystore:
             servers.insert(2, start_server("ystore", store, secret, None))
-        if args.direct_send:
-            servers.append(start_server("direct", store, secret, None))
         try:
             if counts:
                 results += propagation(servers, counts, n, rate, repeat)

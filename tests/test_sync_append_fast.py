@@ -256,7 +256,7 @@ async def test_a_failing_commit_answers_backend_and_a_retry_journals_each_entry_
         switch["on"] = False
         with anyio.fail_after(DEADLINE):
             while rec._failure is not None:  # the committer's retry, on its backoff
-                await rec._commit_event.wait()
+                await rec._commit_wait()
             seqs = await rec._append_externals(batch, client_id=3, durable=False)
         assert seqs == [2, 3, 4]
         await rec.flush()

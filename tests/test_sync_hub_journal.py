@@ -96,7 +96,7 @@ async def wait_committed(rec: _HubRecord) -> None:
     """Wait until everything written through ``rec`` is journaled (riding out failures)."""
     with anyio.fail_after(DEADLINE):
         while rec._committed < rec._written:
-            await rec._commit_event.wait()
+            await rec._commit_wait()
 
 
 async def test_updates_applied_in_one_loop_iteration_are_journaled_in_one_commit(

@@ -181,7 +181,7 @@ async def test_the_record_defers_within_a_window_on_asyncio_and_commits_each_ite
             await apply(batch[5])
             with anyio.fail_after(DEADLINE):
                 while rec._committed < 6:
-                    await rec._commit_event.wait()
+                    await rec._commit_wait()
             assert time.monotonic() - start >= 0.15  # not before the window ended
             assert spy.now == [1, 3, 2]
         else:  # trio: no call_later, so every iteration's updates are committed at its end
@@ -340,7 +340,9 @@ async def test_the_last_client_leaving_journals_the_deferred_batch(tmp_path: Pat
         assert [e.seq for e in entries] == [1, 2, 3, 4]
 
 
-def test_a_negative_or_infinite_window_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_negative_or_infinite_window_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     for bad in (-1.0, -1e-9, math.nan, math.inf):
         with pytest.raises(InvalidValue) as info:
             HubLimits(journal_window=bad)
