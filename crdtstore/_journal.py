@@ -181,6 +181,16 @@ class JournalBackend(ABC):
         :meth:`notify_url` (``ws://``: the hub's pushes). The default ignores it."""
         return None  # an optional hook (not abstract)
 
+    def attach(self, tenant: str, run: str, record: Any) -> None:
+        """Called by a record of ``run`` once it has loaded (and :meth:`detach` when it
+        closes), for backends that resync it themselves (``ws://``: the state-vector
+        exchange on every reconnect). The default ignores it."""
+        return None  # an optional hook (not abstract)
+
+    def detach(self, tenant: str, run: str, record: Any) -> None:
+        """The record given to :meth:`attach` closes. The default ignores it."""
+        return None
+
     async def identity(self, tenant: str, run: str) -> tuple[str, str] | None:
         """The (agent, source) that the backend attributes every write of ``run`` to, when it
         decides it rather than the record (``ws://``: the token's); None otherwise."""

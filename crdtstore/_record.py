@@ -230,6 +230,7 @@ class Record:
         await self._store._spawn(self._background)
         self._state = "open"
         self._store._records.add(self)
+        self._backend.attach(self.tenant, self._jrun, self)
         return self
 
     async def aclose(self) -> None:
@@ -252,6 +253,7 @@ class Record:
         finally:
             self._state = "closed"
             self._store._records.discard(self)
+            self._backend.detach(self.tenant, self._jrun, self)
             if self._watch is not None:
                 self._store._notifier.unwatch(self.tenant, self._jrun)
             for sub in self._subscribers:

@@ -36,8 +36,23 @@ pushes, answers and reconnects.
 ``max_backoff`` seconds). Meanwhile writes go on locally and stay pending in the record's
 committer, whose appends wait for the connection (up to ``offline_timeout`` seconds, then
 fail with ``BackendError`` and are retried). After a reconnect the record re-reads the journal
-after the last position it applied: the resync is by journal position, which covers what a
-Yjs state-vector exchange would (every write, the record's and others', is in the journal). An
+after the last position it applied, and each record attached to the store
+(:meth:`WsJournal.attach`, which ``Record`` calls once it has loaded) first compares itself
+with the hub (``journal.state``, one request, before any other of the connection): the
+hub's journal head, its state vector and the checksum of its entry at the record's
+position. Usually they agree and nothing more is sent. When the hub lost entries the record
+had taken in (the hub's store restored from a backup, or its last ``synchronous=NORMAL``
+commits lost: the head is below the record's position, the entry there is another one, or
+the hub's state vector lacks what the record holds besides its pending writes), the record
+sends what the hub lacks (``doc.get_update(hub_state_vector)``, every delete with it) as
+an ordinary append, journaled as the token's writes (also another writer's lost entries
+the record had seen: the hub believes only the token; a read-only token sends nothing),
+and moves its journal position back to the last entry it read that the hub still holds
+(the link keeps the checksums of the latest ``_MARKS`` positions), so that it reads the
+positions the hub reused instead of skipping them; knowing none, it takes in what the hub
+holds that it lacks (no provenance for that content in this record) and reads on from the
+hub record's position. A delete that was the only content lost is sent again only when
+something else tells the loss (a state vector does not hold deletes). An
 append whose answer was lost is sent again; the hub does not journal it twice. Reads and
 idempotent requests (opening a record: ``run.ensure``, ``whoami``, the first reads) are sent
 again the same way; other requests (a guarded write, a lease request or release) whose answer
@@ -74,7 +89,7 @@ import base64
 import logging
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Literal
+from typing import Any, Literal, cast
 from urllib.parse import quote, unquote, urlsplit
 
 import anyio
@@ -111,7 +126,7 @@ from crdtstore._names import check_name
 from ._document import PycrdtDocument
 from ._errors import CloseCode, ProtocolError
 from ._lease_rpc import RemoteLeases, error_from_info
-from ._messages import DEFAULT_MAX_MESSAGE_SIZE, Push, Response
+from ._messages import DEFAULT_MAX_MESSAGE_SIZE, Push, Response, decode_state_vector
 from ._session import ClientSession
 from ._tokens import Forbidden, TokenInvalid
 
@@ -123,6 +138,8 @@ SUBPROTOCOL = "crdtstore"
 _APPEND_BYTES = 4 * 1024 * 1024  # update bytes per journal.append request
 _KEEP_ROWS = 1024  # pushed journal entries kept per run (the newest), ...
 _KEEP_BYTES = 16 * 1024 * 1024  # ... and their update bytes at most
+_EMPTY_UPDATES = (b"\x00\x00",)
+_MARKS = 256  # journal positions whose entry's checksum a link keeps (MAX_MARKS of the hub)
 _FINAL_CLOSES = {
     CloseCode.UNAUTHORIZED,
     CloseCode.FORBIDDEN,
@@ -222,6 +239,22 @@ class _Link:
         self.rows: dict[int, Row] = {}
         self.rows_bytes = 0
         self.known = 0
+        # the state-vector exchange of the open connection is done (see `_resync`): until
+        # then only its own requests go out; `epoch` counts the records' journal positions
+        # moved back (a read asked before that answers nothing: the record reads again)
+        self.synced = False
+        self.exchanging = False  # from a connect until its exchange is done
+        self.epoch = 0
+        # the checksum of the entry at each of the latest journal positions this store read
+        # or wrote (kept across connections: the exchange compares them with the hub's)
+        self.marks: dict[int, int] = {}
+
+    def mark(self, seq: int, crc: int) -> None:
+        if self.exchanging:  # a connection not compared yet may reuse what a mark names
+            return
+        self.marks[seq] = crc
+        if len(self.marks) > 2 * _MARKS:
+            self.marks = dict(sorted(self.marks.items())[-_MARKS:])
 
     def _fire(self) -> None:
         old, self.changed = self.changed, anyio.Event()
@@ -295,12 +328,19 @@ class _Link:
     async def _session(self, ws: Any) -> None:
         self.session = ClientSession(PycrdtDocument(Doc()))
         self.ws = ws
+        self.synced = False
+        self.exchanging = True
         self.connects += 1
         self.forget()  # a new connection (maybe to a restarted hub): nothing kept is trusted
         self.up.set()
         self._fire()
-        self.journal._wake_run(self.run)  # resync: the tail re-reads after what it applied
-        self.journal._leases_changed()  # lease pushes may have been missed while down
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._resync, ws)
+            await self._receive(ws)
+            tg.cancel_scope.cancel()
+
+    async def _receive(self, ws: Any) -> None:
+        assert self.session is not None
         try:
             while True:
                 frame = await ws.recv()
@@ -328,6 +368,135 @@ class _Link:
         except ProtocolError as exc:
             log.warning("ws %s/%s: %s; reconnecting", self.journal.tenant, self.run, exc)
 
+    # -- the state-vector exchange -------------------------------------------------------------
+
+    async def _resync(self, ws: Any) -> None:
+        """Compare the attached records with the hub (:meth:`_exchange`), then let the
+        other requests go and wake the run's readers (they read after what they applied).
+        A connection lost meanwhile leaves it to the next one; an error (an older hub
+        without ``journal.state``) is logged and the resync is by journal position only."""
+        try:
+            await self._exchange()
+        except _ConnectionLost:
+            return
+        except CrdtStoreError as exc:
+            log.warning(
+                "ws %s/%s: state-vector exchange failed: %s", self.journal.tenant, self.run, exc
+            )
+        if self.ws is not ws:
+            return
+        self.synced = True
+        self.exchanging = False
+        self._fire()
+        self.journal._wake_run(self.run)  # resync: the tail re-reads after what it applied
+        self.journal._leases_changed()  # lease pushes may have been missed while down
+
+    async def _state(self, params: dict[str, JsonValue]) -> dict[str, Any]:
+        got = await self.call("journal.state", params, self.journal.connect_timeout, early=True)
+        malformed = BackendError("ws", f"malformed journal.state answer {got!r}")
+        if not isinstance(got, dict):
+            raise malformed
+        out: dict[str, Any] = {}
+        for name in ("head", "applied", "match", "at_checksum"):
+            value = got.get(name)
+            if not (type(value) is int or (value is None and name not in ("head", "applied"))):
+                raise malformed
+            out[name] = value
+        try:
+            for name in ("state", "missing"):
+                out[name] = base64.b64decode(str(got.get(name, "AAA=")), validate=True)
+            out["sv"] = decode_state_vector(out["state"])
+        except ValueError:  # ProtocolError included
+            raise malformed from None
+        return out
+
+    async def _exchange(self) -> None:
+        """The state-vector exchange of each record attached to this run (see
+        :meth:`WsJournal.attach`), before any of their requests go out on the connection.
+
+        One ``journal.state`` request per record gives the hub's journal head, its state
+        vector and the checksum of its entry at the record's journal position. The hub lost
+        entries the record took in (its store was restored from a backup, or lost its last
+        commits) when its head is below that position, or the entry there is another one
+        (the hub reused the position), or its state vector lacks what the record's document
+        holds (when the record has no pending write: those are in the document, and the
+        committer sends them). Then the record sends what the hub's state vector lacks as
+        an ordinary ``journal.append`` (journaled as the token's agent: the hub believes
+        only the token), and moves its journal position back to the highest one whose
+        entry it read is still the hub's (a second ``journal.state``, with the positions
+        and checksums this link kept), so that its tail reads again what follows; when
+        none is, it takes in what the hub holds that it lacks (``missing``) and moves back
+        to where the hub's record holds every entry. Nothing is sent when nothing was
+        lost."""
+        journal = self.journal
+        for rec in list(journal._attached.get(self.run, ())):
+            if rec._state != "open":
+                continue
+            seq = rec.applied_seq
+            crc = self.marks.get(seq)
+            hub = await self._state({} if crc is None else {"at": seq})
+            journal.exchanges += 1
+            doc = rec.replica.doc
+            hub_sv = hub["sv"]
+            lacking = any(  # inserts the hub lacks
+                clock > hub_sv.get(client, 0)
+                for client, clock in decode_state_vector(bytes(doc.get_state())).items()
+            )
+            moved = crc is not None and hub["at_checksum"] != crc
+            if not (seq > hub["head"] or moved or (lacking and not rec._pending)):
+                continue
+            journal.losses += 1
+            log.warning(
+                "ws %s/%s: the hub lost journal entries this record took in (its position %d,"
+                " the hub's head %d); sending what it lacks",
+                journal.tenant,
+                self.run,
+                seq,
+                hub["head"],
+            )
+            # what the hub's state vector lacks, with every delete (a state vector does not
+            # tell which deletes the hub holds: a lost delete must come back too)
+            diff = bytes(doc.get_update(hub["state"]))
+            if diff not in _EMPTY_UPDATES and not self.read_only:
+                entry: JsonValue = {"update": _b64(diff), "client_id": rec.replica.client_id}
+                try:
+                    await self.call(
+                        "journal.append",
+                        {"entries": [entry], "durable": True},
+                        journal.offline_timeout,
+                        early=True,
+                    )
+                    journal.resent += 1
+                except _ConnectionLost:
+                    raise
+                except CrdtStoreError as exc:  # refused (a budget, a policy, its size)
+                    log.error(
+                        "ws %s/%s: the hub refused what it lost (%d bytes), it stays lost to"
+                        " the hub: %s",
+                        journal.tenant,
+                        self.run,
+                        len(diff),
+                        exc,
+                    )
+            marks = [[s, c] for s, c in sorted(self.marks.items()) if s <= seq][-_MARKS:]
+            params: dict[str, JsonValue] = {"state": _b64(bytes(doc.get_state()))}
+            if marks:
+                params["marks"] = cast(JsonValue, marks)
+            hub = await self._state(params)
+            target = hub["match"] if hub["match"] is not None and hub["match"] >= 0 else -1
+            while rec._txn_task is not None:  # never inside a local transaction
+                await rec._txn_idle.wait()
+            if target < 0:  # no entry in common that this link knows of
+                target = hub["applied"]
+                if hub["missing"] not in _EMPTY_UPDATES:
+                    rec.replica.apply_update(hub["missing"], trial_decode=False, size_limit=False)
+                    rec._invalidate_all()
+            if target < rec.applied_seq:
+                rec.applied_seq = target
+                rec._applied_foreign = {s for s in rec._applied_foreign if s <= target}
+                self.marks = {s: c for s, c in self.marks.items() if s <= target}
+                self.epoch += 1
+
     # -- pushed journal entries ----------------------------------------------------------------
 
     def forget(self) -> None:
@@ -352,6 +521,7 @@ class _Link:
                 if row.seq not in self.rows:
                     self.rows[row.seq] = row
                     self.rows_bytes += len(row.update)
+                self.mark(row.seq, row.checksum)
             if len(self.rows) > 2 * _KEEP_ROWS or self.rows_bytes > _KEEP_BYTES:
                 self._trim(max(self.rows) - _KEEP_ROWS)
         self.saw(push.seq)
@@ -376,8 +546,8 @@ class _Link:
         by a read from the same position; a read from ``known`` or later asks the hub (it
         may hold more)."""
         known, rows = self.known, self.rows
-        if after >= known or after + 1 not in rows:
-            return None
+        if after >= known or after + 1 not in rows or self.exchanging:
+            return None  # (exchanging: the record's position may be moved back first)
         out: list[Row] = []
         seq = after + 1
         while seq <= known and len(out) < limit:
@@ -386,6 +556,7 @@ class _Link:
                 return None
             if row.client_id != skip_client:
                 out.append(row)
+            self.mark(seq, row.checksum)  # (pushed before the exchange: not marked then)
             seq += 1
         if after in rows:  # read by position: those up to `after` are done with
             self._trim(after)
@@ -407,10 +578,16 @@ class _Link:
             waiter.event.set()  # with no response: the connection was lost
         self._fire()
 
-    async def ready(self, timeout: float) -> None:  # noqa: ASYNC109 - then BackendError
-        """Wait until connected; raise the final refusal, or BackendError after ``timeout``."""
+    async def ready(
+        self,
+        timeout: float,  # noqa: ASYNC109 - then BackendError
+        *,
+        early: bool = False,
+    ) -> None:
+        """Wait until connected and the state-vector exchange is done (``early``: connected
+        only); raise the final refusal, or BackendError after ``timeout``."""
         with anyio.move_on_after(timeout):
-            while self.ws is None:
+            while self.ws is None or not (early or self.synced):
                 if self.final is not None:
                     raise self.final
                 await self.changed.wait()
@@ -424,13 +601,16 @@ class _Link:
         op: str,
         params: dict[str, JsonValue],
         timeout: float,  # noqa: ASYNC109 - then BackendError or _ConnectionLost
+        *,
+        early: bool = False,
     ) -> JsonValue:
-        """The result of ``op``: wait up to ``timeout`` seconds for the connection and its
+        """The result of ``op``: wait up to ``timeout`` seconds for the connection (and its
+        state-vector exchange, unless ``early``: the exchange's own requests) and its
         answer. A connection that gives no answer in time is treated as lost (it is closed
         and re-opened: a silent network or a stalled hub, which TCP may not notice for
         minutes): ``_ConnectionLost``, as for a drop."""
         deadline = anyio.current_time() + timeout
-        await self.ready(timeout)
+        await self.ready(timeout, early=early)
         ws, session = self.ws, self.session
         assert ws is not None
         assert session is not None
@@ -533,6 +713,10 @@ class WsJournal(JournalBackend):
         self._wake: Callable[..., None] | None = None
         self.reads_kept = 0  # journal reads answered from pushed entries (tests, metrics)
         self.reads_asked = 0  # journal.read requests sent to the hub
+        self._attached: dict[str, list[Any]] = {}  # run -> records (see `attach`)
+        self.exchanges = 0  # state-vector exchanges (one per attached record and connect)
+        self.losses = 0  # exchanges that found the hub's journal behind a record
+        self.resent = 0  # appends of what the hub lacked, sent by an exchange
         self._state: Literal["new", "open", "closed"] = "new"
 
     def __repr__(self) -> str:
@@ -542,6 +726,21 @@ class WsJournal(JournalBackend):
 
     def bind(self, wake: Callable[[str, str], None]) -> None:
         self._wake = wake
+
+    def attach(self, tenant: str, run: str, record: Any) -> None:
+        """Take part in ``record``'s resync: on every reconnect of ``run``'s connection, its
+        document and journal position are compared with the hub's (the state-vector
+        exchange, see ``_Link._exchange``) before its requests go out. Called by the
+        record once it has loaded (and :meth:`detach` when it closes)."""
+        if tenant == self.tenant:
+            self._attached.setdefault(run, []).append(record)
+
+    def detach(self, tenant: str, run: str, record: Any) -> None:
+        records = self._attached.get(run, [])
+        if record in records:
+            records.remove(record)
+        if not records:
+            self._attached.pop(run, None)
 
     def _wake_run(self, run: str, seq: int | None = None) -> None:
         """Wake the readers of ``run`` (the store's notifier: ``wake(tenant, run, seq)``);
@@ -688,18 +887,22 @@ class WsJournal(JournalBackend):
         await self._link(tenant, run)
         seqs: list[int] = []
         chunk: list[JsonValue] = []
+        crcs: list[int] = []
         size = 0
         for entry in entries:
             if chunk and size + len(entry.update) > _APPEND_BYTES:
-                seqs.extend(await self._append_chunk(run, chunk, durable))
-                chunk, size = [], 0
+                seqs.extend(await self._append_chunk(run, chunk, crcs, durable))
+                chunk, crcs, size = [], [], 0
             chunk.append({"update": _b64(entry.update), "client_id": entry.client_id})
+            crcs.append(entry.checksum)
             size += len(entry.update)
         if chunk:
-            seqs.extend(await self._append_chunk(run, chunk, durable))
+            seqs.extend(await self._append_chunk(run, chunk, crcs, durable))
         return seqs
 
-    async def _append_chunk(self, run: str, chunk: list[JsonValue], durable: bool) -> list[int]:
+    async def _append_chunk(
+        self, run: str, chunk: list[JsonValue], crcs: list[int], durable: bool
+    ) -> list[int]:
         # A lost connection is waited out (up to offline_timeout) and the append sent again:
         # the hub does not journal twice what it already holds, and the record's writers see
         # no failure for a hub restart.
@@ -723,6 +926,8 @@ class WsJournal(JournalBackend):
         seqs = [int(s) for s in got]  # type: ignore[arg-type]
         if seqs:
             link.saw(max(seqs))
+        for seq, crc in zip(seqs, crcs, strict=True):
+            link.mark(seq, crc)  # the hub journals the bytes as sent (or found them so)
         return seqs
 
     async def append_guarded(
@@ -750,7 +955,10 @@ class WsJournal(JournalBackend):
         got = await self.call(run, "journal.append_guarded", params)
         if type(got) is not int:
             raise BackendError("ws", f"malformed journal.append_guarded answer {got!r}")
-        (await self._link(tenant, run)).saw(got)
+        link = await self._link(tenant, run)
+        link.saw(got)
+        if entry.update not in _EMPTY_UPDATES:  # else `got` is a version, not its entry
+            link.mark(got, entry.checksum)
         return got
 
     async def read(
@@ -764,6 +972,7 @@ class WsJournal(JournalBackend):
         if kept is not None:
             self.reads_kept += 1
             return kept
+        epoch = link.epoch
         out: list[Row] = []
         while len(out) < limit:
             params: dict[str, JsonValue] = {
@@ -777,7 +986,12 @@ class WsJournal(JournalBackend):
                 raise BackendError("ws", "malformed journal.read answer")
             rows = got["rows"]
             assert isinstance(rows, list)
-            out.extend(_row(r) for r in rows)
+            if link.epoch != epoch:  # asked from a position the exchange moved back
+                return []
+            got_rows = [_row(r) for r in rows]
+            for row in got_rows:
+                link.mark(row.seq, row.checksum)
+            out.extend(got_rows)
             if out:
                 link.saw(out[-1].seq)
             if not rows or got.get("more") is not True:

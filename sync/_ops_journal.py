@@ -24,6 +24,8 @@ JSON. Params and results::
     run.ensure       {create: bool}                      -> run       (UNKNOWN_RUN)
     run.info         {}                                  -> run | null
     journal.head     {}                                  -> int
+    journal.state    {state?: str, at?: int, marks?: [[seq, checksum], ...]}
+                     -> {head, applied, state, missing?, at_checksum?, match?}
     journal.read     {after: int, limit?: int, skip_client?: int} -> {rows: [row, ...], more: bool}
     journal.history  {collection: str, key: str}         -> [row, ...]
     journal.snapshot {}                                  -> {seq, update, state, created} | null
@@ -54,6 +56,21 @@ unauthenticated client ids allow anyway). An append whose answer
 was lost may be sent again: bytes the record already holds, journaled recently by the same
 client id, are not journaled twice (the position of the entry holding them is answered).
 
+**The state-vector exchange** (``journal.state``, asked by a ``ws://`` client on every
+(re)connect, see ``sync._client``): ``head`` is the journal head, ``applied`` the position up
+to which the hub's record holds every entry (its document may hold more: updates applied
+and not yet journaled), ``state`` that document's state vector. Optional, each answered
+only when asked: ``at`` (a journal position) -> ``at_checksum``, the checksum of the entry
+there (null: none); ``state`` (the client's state vector) -> ``missing``, what the document
+holds that the client lacks (``doc.get_update(state)``); ``marks`` (at most ``MAX_MARKS``
+pairs of a position and the checksum of the entry the client read there) -> ``match``, the
+highest of those positions whose entry has that checksum (-1: none). A client whose journal
+position is past ``head``, or whose entry there differs, or whose document holds what
+``state`` lacks, took in entries that the hub lost (its store was restored from a backup,
+or lost its last commits): it sends what ``state`` lacks as an ordinary ``journal.append``
+and reads the journal again after ``match`` (or takes ``missing`` in and reads after
+``applied``).
+
 **A fence must be the writer's own lease.** ``fence`` names a lease granted to the token's
 agent; a lease of another agent (lease ids are visible in ``lease.status``, tokens are small
 ints) is refused with the ``LeaseLost`` an unknown lease gets, and nothing is journaled.
@@ -82,7 +99,9 @@ from crdtstore import CrdtStoreError, InvalidValue, PolicyViolation, StaleVersio
 from crdtstore._journal import Row, RunRow
 from crdtstore._leases._engine import fence_error
 
-from ._messages import Push, Update, encode
+from ._document import ReplicaDocument
+from ._errors import ProtocolError
+from ._messages import Push, Update, decode_state_vector, encode
 from ._ops import OpContext, op
 
 if TYPE_CHECKING:
@@ -94,6 +113,7 @@ log = logging.getLogger("sync.hub")
 
 MAX_READ = 1000
 MAX_READ_BYTES = 4 * 1024 * 1024
+MAX_MARKS = 256  # (position, checksum) pairs a journal.state request may ask about
 HEAD_POLL = 1.0  # seconds between head checks (per run) when no wake-up arrives
 MAX_PUSH_ROWS = 64  # entries sent with a head push; more at once: the head only
 MAX_PUSH_BYTES = 256 * 1024  # update bytes sent with a head push; more: the head only
@@ -152,6 +172,59 @@ async def _run_info(ctx: OpContext, params: dict[str, JsonValue]) -> JsonValue:
 @op("journal.head")
 async def _head(ctx: OpContext, params: dict[str, JsonValue]) -> JsonValue:
     return await ctx.store.backend.head(ctx.tenant, ctx.run)
+
+
+@op("journal.state")
+async def _state(ctx: OpContext, params: dict[str, JsonValue]) -> JsonValue:
+    client = params.get("state")
+    sv = None
+    if client is not None:
+        sv = unb64(client, "state")
+        try:
+            decode_state_vector(sv)
+        except ProtocolError as exc:
+            raise InvalidValue(f"state is not a state vector: {exc.reason}") from None
+    at = None if params.get("at") is None else _int(params, "at")
+    marks = _marks(params.get("marks"))
+    rec, backend = ctx.rec, ctx.store.backend
+    head = await backend.head(ctx.tenant, ctx.run)
+    doc = ReplicaDocument(rec.replica)
+    out: dict[str, JsonValue] = {
+        "head": head,
+        "applied": min(rec.applied_seq, head),
+        "state": b64(doc.get_state()),
+    }
+    if sv is not None:
+        out["missing"] = b64(doc.get_update(sv))
+    if at is not None:
+        rows = await backend.read(ctx.tenant, ctx.run, at - 1, 1) if at > 0 else []
+        out["at_checksum"] = rows[0].checksum if rows and rows[0].seq == at else None
+    if marks:
+        high = max(marks)  # a bounded read: the highest match is what is asked
+        low = max(min(marks), high - 4 * MAX_MARKS + 1)
+        rows = await backend.read(ctx.tenant, ctx.run, low - 1, high - low + 1)
+        have = {r.seq: r.checksum for r in rows}
+        out["match"] = max((s for s, c in marks.items() if have.get(s) == c), default=-1)
+    return out
+
+
+def _marks(value: JsonValue) -> dict[int, int]:
+    if value is None:
+        return {}
+    if not isinstance(value, list) or len(value) > MAX_MARKS:
+        raise InvalidValue(f"marks must be a list of at most {MAX_MARKS} [seq, checksum] pairs")
+    out: dict[int, int] = {}
+    for pair in value:
+        if (
+            not isinstance(pair, list)
+            or len(pair) != 2
+            or type(pair[0]) is not int
+            or type(pair[1]) is not int
+            or pair[0] < 1
+        ):
+            raise InvalidValue(f"a mark is a pair [seq >= 1, checksum], not {pair!r}")
+        out[pair[0]] = pair[1]
+    return out
 
 
 @op("journal.read")
