@@ -476,7 +476,8 @@ class _Room:
         self.tenant = tenant
         self.run = run
         self.rec: _HubRecord | None = None
-        self.conns: set[_Conn] = set()
+        self.conns: set[_Conn] = set()  # (changed through join and leave)
+        self._targets: tuple[_Conn, ...] | None = None  # the conns broadcast goes to
         self.awareness: dict[int, AwarenessEntry] = {}
         self.users = 0
         self.ready = anyio.Event()
@@ -539,19 +540,42 @@ class _Room:
         if _CURRENT.get() is None:
             self.broadcast(encode(Update(update)))
 
+    def join(self, conn: _Conn) -> None:
+        self.conns.add(conn)
+        self._targets = None
+
+    def leave(self, conn: _Conn) -> None:
+        self.conns.discard(conn)
+        self._targets = None
+
+    def retarget(self) -> None:
+        """A connection became a crdtstore client (it gets pushes, not broadcasts)."""
+        self._targets = None
+
     def broadcast(self, frame: bytes, exclude: _Conn | None = None) -> None:
         """Send ``frame`` to every connection but ``exclude`` (and the crdtstore clients, which
         get pushes instead): the WebSocket frame is built once (:func:`_wire`) and written to
-        the socket of every connection that can take it at once (:meth:`_Conn.write_now`);
-        the others get it through :meth:`_Conn.send` (their send queue)."""
+        the socket of every connection that can take it at once (:meth:`_Conn.writable`,
+        inlined: this loop runs once per update per observer); the others get it through
+        :meth:`_Conn.send` (their send queue)."""
+        targets = self._targets
+        if targets is None:
+            targets = self._targets = tuple(c for c in self.conns if not c.journal_client)
         wire: bytes | None = None
-        for conn in list(self.conns):
-            if conn is exclude or conn.journal_client:
+        for conn in targets:
+            if conn is exclude:
                 continue
-            if conn.writable():
-                if wire is None:
-                    wire = _wire(frame)
-                conn.write_now(wire)
+            ws = conn.ws
+            transport = ws.transport
+            if (
+                conn.close_with is None
+                and not conn.queue
+                and transport.get_write_buffer_size() < conn.high_water
+            ):
+                if ws.protocol.state is State.OPEN:  # (see _Conn.write_now)
+                    if wire is None:
+                        wire = _wire(frame)
+                    transport.write(wire)
             else:
                 conn.send(frame)
 
@@ -1105,7 +1129,7 @@ class Hub:
                 tg.start_soon(conn.sender)
                 tg.start_soon(conn.expire, claims.exp)
                 tg.start_soon(conn.awareness_watchdog)
-                room.conns.add(conn)
+                room.join(conn)
                 self._fire_changed()
                 if claims.jti is not None and claims.jti in self._revoked:  # since the upgrade
                     log.warning("%r: token %s revoked; closing", conn, claims.jti)
@@ -1114,6 +1138,7 @@ class Hub:
                 log.info("%r: connected (%s)", conn, claims.mode)
                 if ws.subprotocol == SUBPROTOCOL:
                     conn.journal_client = True
+                    room.retarget()
                     room.rec.readers += 1
                     room.rec._urge()  # it reads the journal: what is deferred is due now
                     tg.start_soon(push_heads, conn)
@@ -1127,7 +1152,7 @@ class Hub:
                 await self._receive(conn)
                 tg.cancel_scope.cancel()
         finally:
-            room.conns.discard(conn)
+            room.leave(conn)
             if conn.journal_client:
                 room.rec.readers -= 1
             removal = conn.awareness_removal()
