@@ -11,7 +11,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import pytest
@@ -158,6 +158,25 @@ class Peer:
     read_only = False
 
 
+P = TypeVar("P", bound="Peer")
+
+
+@contextlib.asynccontextmanager
+async def peer_at(url: str, peer: P, *, wait_synced: bool = True) -> AsyncIterator[P]:
+    """``peer`` connected to ``url`` (a run's URL with its token), reading in a task, and
+    synced with the hub (unless ``wait_synced`` is false)."""
+    async with connect(url, max_size=None) as ws:
+        peer.ws = ws
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(peer.reader)
+            for frame in peer.session.start():
+                await ws.send(frame)
+            if wait_synced:
+                await peer.wait(lambda: peer.session.synced or peer.closed)
+            yield peer
+            tg.cancel_scope.cancel()
+
+
 class HubUnderTest:
     def __init__(self, hub: Hub, port: int, url: str) -> None:
         self.hub = hub
@@ -180,16 +199,8 @@ class HubUnderTest:
     ) -> AsyncIterator[Peer]:
         peer = Peer(doc)
         peer.read_only = read_only
-        async with connect(self.url(tok, run=run), max_size=None) as ws:
-            peer.ws = ws
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(peer.reader)
-                for frame in peer.session.start():
-                    await ws.send(frame)
-                if wait_synced:
-                    await peer.wait(lambda: peer.session.synced or peer.closed)
-                yield peer
-                tg.cancel_scope.cancel()
+        async with peer_at(self.url(tok, run=run), peer, wait_synced=wait_synced):
+            yield peer
 
     async def journal(self, run: str = RUN) -> list[Any]:
         async with open_store(self.store_url, tenant=TENANT) as store:

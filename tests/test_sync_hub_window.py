@@ -28,9 +28,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
 import pytest
@@ -46,7 +46,7 @@ from crdtstore import InvalidValue, open_store
 from crdtstore.cli import app
 from sync import CloseCode, HubLimits, SyncStep1, Update, decode, encode
 from sync._hub import _HubRecord, _Room
-from tests.test_sync_hub import RUN, TENANT, HubUnderTest, Peer, running_hub, token
+from tests.test_sync_hub import RUN, TENANT, HubUnderTest, Peer, peer_at, running_hub, token
 from tests.test_sync_hub_journal import hub_record, updates
 from tests.test_sync_processes import SECRET as PROCESS_SECRET
 from tests.test_sync_processes import Fleet, HubProc, fleet
@@ -79,23 +79,6 @@ class Observer(Peer):
 
     def update_frames(self) -> list[bytes]:
         return [f for f in self.raw if isinstance(decode(f), Update)]
-
-
-P = TypeVar("P", bound=Peer)
-
-
-@contextlib.asynccontextmanager
-async def peer_at(url: str, peer: P) -> AsyncIterator[P]:
-    """``peer`` connected to ``url`` (a run's URL with its token), synced with the hub."""
-    async with connect(url, max_size=None) as ws:
-        peer.ws = ws
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(peer.reader)
-            for frame in peer.session.start():
-                await ws.send(frame)
-            await peer.wait(lambda: peer.session.synced or peer.closed)
-            yield peer
-            tg.cancel_scope.cancel()
 
 
 def note(doc: Doc[Any], key: str, value: Any) -> bytes:

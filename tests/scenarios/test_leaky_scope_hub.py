@@ -24,6 +24,7 @@ from crdtstore import open_store
 from sync import TokenClaims, mint
 from sync._ops import OPS
 from tests.test_sync_hub import SECRET, HubUnderTest, Peer, running_hub
+from tests.test_sync_hub import peer_at as hub_peer_at
 
 pytestmark = pytest.mark.anyio
 
@@ -48,16 +49,8 @@ def tok(tenant: str, run: str, agent: str = "agent", mode: str = "rw") -> str:
 @contextlib.asynccontextmanager
 async def peer_at(hub: HubUnderTest, path: str, token: str) -> AsyncIterator[Peer]:
     """A synced client at the raw URL path ``path``."""
-    peer = Peer()
-    async with connect(f"{hub.base}{path}?token={token}", max_size=None) as ws:
-        peer.ws = ws
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(peer.reader)
-            for frame in peer.session.start():
-                await ws.send(frame)
-            await peer.wait(lambda: peer.session.synced or peer.closed)
-            yield peer
-            tg.cancel_scope.cancel()
+    async with hub_peer_at(f"{hub.base}{path}?token={token}", Peer()) as peer:
+        yield peer
 
 
 def leaked(data: bytes | JsonValue, secrets: tuple[str, ...] = FOREIGN) -> list[str]:
