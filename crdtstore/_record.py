@@ -754,12 +754,16 @@ class Record:
         async with self._commit_lock:
             try:
                 async with self._backend.authority(self.tenant, self._jrun, durable=True) as auth:
-                    # our own earlier writes go first: the journal order stays causal
-                    batch = list(self._pending)
-                    seqs = await auth.append(self._entries(batch)) if batch else []
+                    # what others journaled is taken in before our own earlier writes are
+                    # appended: a refusal below rolls that append back, and the journal
+                    # position must never pass an entry that is then not there (its
+                    # position is given to the next entry, which would be skipped)
                     rows = await auth.read(self.applied_seq)
                     if rows:
                         await self._apply_remote(rows)
+                    # our own earlier writes go first: the journal order stays causal
+                    batch = list(self._pending)
+                    seqs = await auth.append(self._entries(batch)) if batch else []
                     if fence is not None:
                         await self._check_fence(auth, *fence)
                     version = self._version_with(name, key, batch, seqs)
@@ -1048,11 +1052,11 @@ class Record:
             self._commit_lock,
             self._backend.authority(self.tenant, self._jrun, durable=durable) as auth,
         ):
-            batch = list(self._pending)
-            seqs = await auth.append(self._entries(batch)) if batch else []
-            rows = await auth.read(self.applied_seq)
+            rows = await auth.read(self.applied_seq)  # first: see _write_guarded
             if rows:
                 await self._apply_remote(rows)
+            batch = list(self._pending)
+            seqs = await auth.append(self._entries(batch)) if batch else []
             if fence is not None:
                 await self._check_fence_ids(auth, *fence)
             if expected is not None:
