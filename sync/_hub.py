@@ -34,7 +34,9 @@ its updates) is applied through :meth:`Record.apply_update`, which journals it: 
 applied in one iteration of the event loop (by every connection whose frames arrived
 together) are appended in one SQLite commit by a callback at the end of that iteration, on
 the loop thread, or by the record's committer when the write lock is not free at once (see
-:class:`_HubRecord`). The update is broadcast when applied, before that commit; a ``flush``
+:class:`_HubRecord`); while nobody waits for a commit, a run commits plain Yjs clients'
+updates at most once per ``HubLimits.journal_window`` (20 ms), so that updates arriving
+within it share one commit. The update is broadcast when applied, before that commit; a ``flush``
 request is answered once everything applied before it is committed, and with an error
 (nothing acknowledged) while the journal cannot be written. The record is
 a subclass whose ``agent`` and ``source`` are read from a context variable that the
@@ -292,6 +294,11 @@ class _HubRecord(Record):
     or another append of this record, the journal is failing, the run's id is not cached),
     it appends nothing and wakes the committer, which journals them as it would any entry
     (retrying, reporting failures to ``flush``).
+
+    **Journal window** (asyncio): when nobody waits for a commit (:meth:`_deferral`), the
+    callback runs one ``journal_window`` after the last commit instead (``call_later``), so
+    the updates that arrive meanwhile share its commit; a waiter that appears meanwhile
+    (:meth:`_urge`) brings it forward to the current iteration.
 
     The entries of a ``ws://`` client's unguarded ``journal.append`` ride the same group
     commit (``Record._append_fast``: queued as pending entries labelled with the client's
