@@ -31,8 +31,9 @@ alternate (``--repeat`` rounds); figures are medians over rounds. A trial whose 
 queueing delays and its CPU per update is lower than unqueued (work gets batched); such rounds
 are left out of the medians unless every round of that figure was backlogged.
 
-**Saturating** (16 observers): the writer sends ``--sat-n`` updates as fast as it can; the
-figure is updates/s delivered to every observer (last arrival at the slowest observer).
+**Saturating** (16 observers; ``--sat-observers 16,64`` for more counts): the writer sends
+``--sat-n`` updates as fast as it can; the figure is updates/s delivered to every observer
+(last arrival at the slowest observer).
 
 **Join**: a map of text values of ``--record-mb`` MB built through crdtstore (journaled in the
 store; its full update preloaded into pycrdt-websocket's room). Time from ``connect`` to the
@@ -295,6 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", type=float, help="updates/s (default 100)")
     ap.add_argument("--repeat", type=int, help="interleaved rounds (default 3, quick 1)")
     ap.add_argument("--sat-n", type=int, help="saturating trial updates (default 2000, quick 200)")
+    ap.add_argument(
+        "--sat-observers", default="16", help="observer counts of the saturating trials"
+    )
     ap.add_argument("--record-mb", type=float, help="join record size (default 10, quick 2)")
     ap.add_argument("--joins", type=int, help="joins per variant (default 5, quick 2)")
     ap.add_argument(
@@ -319,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     record_mb = args.record_mb or (2.0 if q else 10.0)
     joins = args.joins if args.joins is not None else (2 if q else 5)
     counts = [int(c) for c in args.observers.split(",") if c]
+    sat_counts = [int(c) for c in args.sat_observers.split(",") if c]
     header("hub: crdtstore sync hub vs pycrdt-websocket", args)
     import _hub_peers
 
@@ -353,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
             if counts:
                 results += propagation(servers, counts, n, rate, repeat)
             if sat_n:
-                results += saturating(servers, 16, sat_n, repeat)
+                for sat_observers in sat_counts:
+                    results += saturating(servers, sat_observers, sat_n, repeat)
             if joins:
                 results += joining([ours, peer], keys, joins)
         finally:
