@@ -113,6 +113,15 @@ def room_record(hub: HubUnderTest) -> _HubRecord:
     return room.rec
 
 
+async def open_window(hub: HubUnderTest, alice: Peer) -> _HubRecord:
+    """``alice`` sets ``k0``, which is journaled at once and opens a window; the run's
+    record."""
+    rec = room_record(hub)
+    await alice.set("k0", 0)
+    await until_journaled(hub, {"k0"})
+    return rec
+
+
 async def applied(peer: Peer) -> None:
     """Return once the hub has applied (and broadcast) everything ``peer`` sent: frames are
     handled in order, so the answer to a later request says so."""
@@ -244,9 +253,7 @@ async def test_the_window_s_end_commits_the_burst_without_a_flush(tmp_path: Path
 async def test_a_connected_ws_client_makes_every_commit_immediate(tmp_path: Path) -> None:
     async with running_hub(tmp_path, journal_window=WINDOW) as hub:
         async with hub.peer(token("alice")) as alice:
-            rec = room_record(hub)
-            await alice.set("k0", 0)  # commits, and opens a window
-            await until_journaled(hub, {"k0"})
+            rec = await open_window(hub, alice)
             commits = rec.group_commits
             assert rec.readers == 0
 
@@ -281,9 +288,7 @@ async def test_another_store_on_the_file_makes_every_commit_immediate(tmp_path: 
     through the datagram, not its (long) poll."""
     async with running_hub(tmp_path, journal_window=WINDOW) as hub:
         async with hub.peer(token("alice")) as alice:
-            rec = room_record(hub)
-            await alice.set("k0", 0)  # commits, and opens a window
-            await until_journaled(hub, {"k0"})
+            rec = await open_window(hub, alice)
             commits = rec.group_commits
             async with (
                 open_store(hub.store_url, tenant=TENANT, poll_interval=60) as store,
@@ -630,9 +635,7 @@ async def test_a_ws_client_connecting_during_a_deferred_window_ends_it(tmp_path:
     connected, reach that client at once (it reads the journal), not at the window's end."""
     async with running_hub(tmp_path, journal_window=WINDOW) as hub:
         async with hub.peer(token("alice")) as alice:
-            rec = room_record(hub)
-            await alice.set("k0", 0)  # commits, and opens a window
-            await until_journaled(hub, {"k0"})
+            rec = await open_window(hub, alice)
             await alice.set("k1", 1)  # deferred
             await applied(alice)
             assert "k1" not in journaled_keys(await hub.journal())
