@@ -81,16 +81,8 @@ LABELS = {
 # -- processes ----------------------------------------------------------------------------------
 
 
-
-
-
-
-
-
 def _peers(*args: str) -> subprocess.Popen[str]:
     return spawn([str(HERE / "_hub_peers.py"), *args])
-
-
 
 
 @dataclass
@@ -309,6 +301,12 @@ def main(argv: list[str] | None = None) -> int:
         "alternating trials: CPU per update, to compare changes on a shared machine",
     )
     ap.add_argument(
+        "--idle-runs",
+        type=int,
+        help="runs loaded (one idle client each) for the idle-CPU figure (default 40, quick 10; "
+        "0: none)",
+    )
+    ap.add_argument(
         "--no-ystore",
         dest="ystore",
         action="store_false",
@@ -322,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     sat_n = args.sat_n if args.sat_n is not None else (200 if q else 2000)
     record_mb = args.record_mb or (2.0 if q else 10.0)
     joins = args.joins if args.joins is not None else (2 if q else 5)
+    idle_runs = args.idle_runs if args.idle_runs is not None else (10 if q else 40)
     counts = [int(c) for c in args.observers.split(",") if c]
     sat_counts = [int(c) for c in args.sat_observers.split(",") if c]
     header("hub: crdtstore sync hub vs pycrdt-websocket", args)
@@ -362,6 +361,8 @@ def main(argv: list[str] | None = None) -> int:
                     results += saturating(servers, sat_observers, sat_n, repeat)
             if joins:
                 results += joining([ours, peer], keys, joins)
+            if idle_runs:
+                results += idling(servers, idle_runs, 3.0 if q else 6.0)
         finally:
             for s in servers:
                 stop(s.proc)
@@ -587,6 +588,41 @@ def saturating(servers: list[Server], observers: int, n: int, repeat: int) -> li
             a / b,
             ">= pycrdt-websocket",
             a >= b,
+        )
+    ]
+
+
+def idling(servers: list[Server], runs: int, seconds: float) -> list[Result]:
+    """Hub CPU per second with ``runs`` runs loaded, one connected client each, nobody
+    writing: what a server spends on timers and polls (ours: the store's poll, one
+    ``data_version`` check per tenant, and the revocation file's ``stat``)."""
+    print(f"\n-- idle: {runs} runs loaded, one idle client each, {seconds:g} s")
+    cpu: dict[str, float] = {}
+    for s in servers:
+        global _runs
+        _runs += 1
+        urls = [s.url(f"idle{_runs}-{i}", f"c{i}", "rw") for i in range(runs)]
+        proc = _peers("observers", *urls, "--n", "1", "--deadline", str(seconds + 60))
+        try:
+            readline(proc, "READY")
+            time.sleep(1.0)  # (settle: the runs' first reads and polls)
+            c0 = s.cpu()
+            time.sleep(seconds)
+            cpu[s.kind] = (s.cpu() - c0) / seconds * 1e3
+        finally:
+            stop(proc)
+        print(f"   {s.label:17}: {cpu[s.kind]:.2f} ms CPU per second", flush=True)
+    a, b = cpu["crdtstore"], cpu["pycrdt"]
+    return [
+        Result(
+            "hub",
+            f"idle CPU, {runs} runs loaded (ms per second)",
+            a,
+            "ms/s",
+            b,
+            a / b if b > 0 else None,
+            "< 5 ms/s, flat in the number of runs",
+            a < 5.0,
         )
     ]
 

@@ -304,3 +304,12 @@ class JournalBackend(ABC):
         """An identifier shared by every process that opens the same backend, used to wake
         readers in other processes; None when the backend lives in this process only."""
         return None
+
+    def changes(self) -> int | None:
+        """A number that changes whenever the journal may have grown by a write this store
+        was not told of (another process's commit whose wake-up datagram got lost); None when
+        the backend cannot tell. The store asks every ``poll_interval`` seconds, on the event
+        loop thread, and wakes every reader of its runs to read again when the number moved
+        (or is None): so an idle store costs one call per interval, not one read per record.
+        Must be cheap and never block. The default: None."""
+        return None

@@ -7,8 +7,13 @@ datagram socket in a folder derived from the store file's real path; after each 
 writer sends ``tenant NUL run`` to every socket in that folder, followed by ``NUL seq`` when
 it knows the journal position it committed. A datagram costs a few microseconds, needs no
 server, and a dead listener is noticed (``ECONNREFUSED``) and its socket removed.
-Notifications are only a hint: records also re-read the journal every ``poll_interval``
-seconds, so a lost datagram delays a reader, it never loses data.
+Notifications are only a hint, so a lost datagram delays a reader, it never loses data:
+every ``poll_interval`` seconds the store asks its backend whether the journal may have
+changed behind its back (:meth:`JournalBackend.changes`: SQLite's ``data_version``, one
+pragma) and, when it did or the backend cannot tell, wakes every reader of the store's runs
+to read again (:meth:`Notifier.poll`). One check per store and interval, not one read per
+record: a hub with a thousand idle runs loaded does not read a thousand journals four times
+a second.
 
 A wake-up that names its position lets a reader skip the read when it has already taken that
 position in (with 8 writers, a reader woken by one datagram often reads the entries of the
@@ -26,6 +31,7 @@ import secrets
 import socket
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -47,13 +53,14 @@ class Watch:
         blind: how many wake-ups announced no position.
     """
 
-    __slots__ = ("blind", "event", "head", "users")
+    __slots__ = ("blind", "event", "head", "polled", "users")
 
-    def __init__(self) -> None:
+    def __init__(self, polled: bool = True) -> None:
         self.event = anyio.Event()
         self.users = 0
         self.head = 0
         self.blind = 0
+        self.polled = polled  # woken by Notifier.poll (journal readers; not lease hand-offs)
 
     def fire(self, seq: int | None = None) -> None:
         if seq is None:
@@ -99,11 +106,15 @@ class Notifier:
         self._own = ""  # the path of this process's socket
         self._listed: list[str] = []  # the other processes' sockets (see _listeners)
         self._listed_at: int | None = None  # the folder's mtime (ns) when listed
+        self.polls = 0  # polls made (tests, metrics)
 
-    def watch(self, tenant: str, run: str) -> Watch:
+    def watch(self, tenant: str, run: str, *, polled: bool = True) -> Watch:
+        """The watch of ``tenant/run`` (one per key, counted by users: :meth:`unwatch` each
+        time). ``polled``: :meth:`poll` wakes it (a journal's readers); lease hand-offs pass
+        False (their waiters have their own deadlines)."""
         w = self._watches.get((tenant, run))
         if w is None:
-            w = self._watches[(tenant, run)] = Watch()
+            w = self._watches[(tenant, run)] = Watch(polled)
         w.users += 1
         return w
 
@@ -149,6 +160,28 @@ class Notifier:
                 # full buffer (the peer is busy and will read everything on its next wake-up)
                 # or a file that is not a socket: a hint is allowed to get lost
                 pass
+
+    async def poll(self, interval: float, changes: Callable[[], int | None]) -> None:
+        """Until cancelled, every ``interval`` seconds: when ``changes()`` (the backend's
+        :meth:`~crdtstore._journal.JournalBackend.changes`) moved since the last call or is
+        None, wake every polled watch without a position (a blind wake-up: its readers read
+        the journal again). Nothing is read when no watch is held."""
+        seen: int | None = None
+        while True:
+            await anyio.sleep(interval)
+            self.polls += 1
+            if not self._watches:
+                continue
+            try:
+                now = changes()
+            except Exception:  # a closing backend: wake the readers, they report errors
+                now = None
+            if now is not None and now == seen:
+                continue
+            seen = now
+            for w in list(self._watches.values()):
+                if w.polled:
+                    w.fire()
 
     def others_listening(self) -> bool:
         """Whether other processes have the store open (their sockets are in the folder, as

@@ -1418,52 +1418,39 @@ class Record:
     async def _tail(self) -> None:
         assert self._watch is not None
         watch = self._watch
-        poll = self._store.poll_interval
         # Small chunks: the SQLite backend reads up to 256 rows on the event loop thread
         # (no worker-thread hop); a backlog is taken in chunks, yielding between them.
         chunk = 256
-        due = False  # the poll interval passed: read whatever the wake-ups said
-
-        async def tick() -> None:
-            # one sleeping task rather than a timeout around every wait (a cancel scope
-            # costs ~20 us per wake-up, some 5% of what a whole wake-up costs)
-            nonlocal due
+        # Woken by this process's commits, other processes' datagrams and the store's poll
+        # (Notifier.poll: a blind wake-up when the journal may have changed unannounced).
+        while True:
+            event = watch.event  # take it before reading: no wake-up can fall between
+            blind = watch.blind
+            try:
+                rows = await self._backend.read(
+                    self.tenant,
+                    self._jrun,
+                    self.applied_seq,
+                    chunk,
+                    skip_client=self.replica.client_id,
+                )
+            except CrdtStoreError as exc:  # a busy or vanished database: try again later
+                log.warning("reading the journal of %s/%s failed: %s", self.tenant, self.run, exc)
+                # (the poll may not wake this record again: its change was seen already)
+                await anyio.sleep(self._store.poll_interval)
+                continue
+            if rows:
+                await self._apply_remote(rows)
+                if len(rows) == chunk:
+                    await anyio.lowlevel.checkpoint()
+                    continue
+            del rows  # do not hold the last chunk while idle
             while True:
-                await anyio.sleep(poll)
-                due = True
-                watch.fire(watch.head)  # wakes without announcing anything new
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(tick)
-            while True:
-                event = watch.event  # take it before reading: no wake-up can fall between
-                blind = watch.blind
-                due = False
-                try:
-                    rows = await self._backend.read(
-                        self.tenant,
-                        self._jrun,
-                        self.applied_seq,
-                        chunk,
-                        skip_client=self.replica.client_id,
-                    )
-                except CrdtStoreError as exc:  # a busy or vanished database: try again later
-                    log.warning(
-                        "reading the journal of %s/%s failed: %s", self.tenant, self.run, exc
-                    )
-                    rows = []
-                if rows:
-                    await self._apply_remote(rows)
-                    if len(rows) == chunk:
-                        await anyio.lowlevel.checkpoint()
-                        continue
-                del rows  # do not hold the last chunk while idle
-                while True:
-                    await event.wait()
-                    if due or watch.blind != blind or watch.head > self.applied_seq:
-                        break
-                    # it announced entries this record has already taken in: keep waiting
-                    event = watch.event
+                await event.wait()
+                if watch.blind != blind or watch.head > self.applied_seq:
+                    break
+                # it announced entries this record has already taken in: keep waiting
+                event = watch.event
 
     async def _apply_remote(self, rows: _List[Any]) -> None:
         while self._txn_task is not None:  # never mix a remote update into a local txn

@@ -15,8 +15,9 @@ after the position pushed before, up to ``N``, each exactly as ``journal.read`` 
 The client keeps them and answers its record's next ``journal.read`` from them when they
 continue where it reads from (one round trip less per update, see ``sync._client``). A
 larger jump (over ``MAX_PUSH_ROWS`` entries or ``MAX_PUSH_BYTES`` of updates) sends the head
-only, and the clients read. The head is also polled every ``HEAD_POLL`` seconds per run (a
-lost wake-up).
+only, and the clients read. A lost wake-up is caught by the store's poll (one
+``data_version`` check per store every ``poll_interval``, see ``crdtstore._notify``), not by a
+timer per run.
 
 Every op acts on the connection's run only. Bytes travel base64 (standard alphabet) in the
 JSON. Params and results::
@@ -114,7 +115,7 @@ log = logging.getLogger("sync.hub")
 MAX_READ = 1000
 MAX_READ_BYTES = 4 * 1024 * 1024
 MAX_MARKS = 256  # (position, checksum) pairs a journal.state request may ask about
-HEAD_POLL = 1.0  # seconds between head checks (per run) when no wake-up arrives
+HEAD_POLL = 1.0  # seconds before a push leader whose read failed tries again
 MAX_PUSH_ROWS = 64  # entries sent with a head push; more at once: the head only
 MAX_PUSH_BYTES = 256 * 1024  # update bytes sent with a head push; more: the head only
 
@@ -458,9 +459,9 @@ async def push_heads(conn: _Conn) -> None:
 
 async def _lead(conn: _Conn, state: _RunPushes) -> None:
     """Send every crdtstore connection of ``conn``'s run a :class:`Push` whenever the run's
-    journal grows: on every wake-up of the store's notifier (this process's commits and, on
-    SQLite, other processes') that may announce something new, and every ``HEAD_POLL``
-    seconds (a wake-up may be lost).
+    journal grows: on every wake-up of the store's notifier that may announce something new
+    (this process's commits; on SQLite, other processes' datagrams, and the store's poll when
+    the file changed unannounced: a datagram may be lost).
 
     The new entries are read once for the run and sent with the head, as ``journal.read``
     answers them (``{"push": "head", "seq": N, "rows": [row, ...]}``, the same frame to
@@ -495,11 +496,9 @@ async def _lead(conn: _Conn, state: _RunPushes) -> None:
                 continue
             # read again only for a wake-up since this read that may announce more (never
             # spin on an announced position the journal does not hold)
+            # (the store's poll wakes the watch blind when a wake-up may have been lost)
             while watch.blind == blind and watch.head <= max(state.last, announced):
-                with anyio.move_on_after(HEAD_POLL) as poll:
-                    await event.wait()
-                if poll.cancelled_caught:  # no wake-up for a while: ask the journal itself
-                    break
+                await event.wait()
                 event = watch.event  # announced what was pushed already: wait again
     finally:
         store._notifier.unwatch(tenant, run)
@@ -553,7 +552,7 @@ async def push_leases(conn: _Conn) -> None:
     rec = conn.room.rec
     assert rec is not None
     notifier, tenant = rec._store._notifier, conn.room.tenant
-    watch = notifier.watch(WAKE_KEY, tenant)
+    watch = notifier.watch(WAKE_KEY, tenant, polled=False)
     try:
         while True:
             await watch.event.wait()

@@ -89,7 +89,7 @@ class Leases:
         """The watch of lease hand-offs, taken once and kept while the store is open (a waiter
         reads its event before it asks, so no wake-up can fall between ask and wait)."""
         if self._watch is None:
-            self._watch = self._notifier.watch(WAKE_KEY, self.tenant)
+            self._watch = self._notifier.watch(WAKE_KEY, self.tenant, polled=False)
         return self._watch
 
     @property
