@@ -1087,12 +1087,27 @@ def serve(
             "iteration).",
         ),
     ] = None,
+    store_linger: Annotated[
+        float | None,
+        typer.Option(
+            "--store-linger",
+            help="Seconds a tenant's store stays open after its last run is unloaded "
+            "(default 5; 0: closed at once).",
+        ),
+    ] = None,
 ) -> None:
     """Start the sync hub: agents connect to ws://HOST:PORT/<tenant>/<run>?token=...;
     tokens listed in the revocation file are refused (it is re-read when it changes)."""
     try:
         _sync_cli().serve_hub(
-            store, host, port, secret_file, revoked_file, refuse_with, journal_window
+            store,
+            host,
+            port,
+            secret_file,
+            revoked_file,
+            refuse_with,
+            journal_window,
+            store_linger,
         )
     except CrdtStoreError as exc:
         raise _fail(str(exc)) from None

@@ -16,6 +16,7 @@ written by the operator without the hub or the store's schema knowing a new tabl
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import signal
 import sys
@@ -130,20 +131,26 @@ def serve_hub(
     revoked_file: Path | None = None,
     refuse_with: str = "close",
     journal_window: float | None = None,
+    store_linger: float | None = None,
 ) -> None:
     """Run the hub until interrupted. The secret is loaded first: no secret, no hub.
-    ``refuse_with``: how a bad token is refused (see :class:`Hub`); ``journal_window``:
-    :attr:`HubLimits.journal_window` (seconds; None: its default).
+    ``refuse_with``: how a bad token is refused (see :class:`Hub`); ``journal_window``,
+    ``store_linger``: :attr:`HubLimits.journal_window`, :attr:`HubLimits.store_linger`
+    (seconds; None: the default).
 
     Raises:
         SecretMissing: no secret, or too short.
         InvalidValue: ``refuse_with`` is neither ``"close"`` nor ``"http"``, or
-            ``journal_window`` is negative.
+            ``journal_window`` or ``store_linger`` is negative or not finite.
     """
     secret = load_secret(secret_file)
     if refuse_with not in ("close", "http"):
         raise InvalidValue(f"--refuse-with must be 'close' or 'http', not {refuse_with!r}")
-    limits = HubLimits() if journal_window is None else HubLimits(journal_window=journal_window)
+    limits = HubLimits()
+    if journal_window is not None:
+        limits = dataclasses.replace(limits, journal_window=journal_window)
+    if store_linger is not None:
+        limits = dataclasses.replace(limits, store_linger=store_linger)
     hub = Hub(
         store,
         secret,
@@ -211,6 +218,16 @@ JournalWindowOpt = Annotated[
 ]
 
 
+StoreLingerOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--store-linger",
+        help="Seconds a tenant's store stays open after its last run is unloaded (default 5; "
+        "0: closed at once).",
+    ),
+]
+
+
 def serve_command(
     store: StoreOpt,
     host: HostOpt = "127.0.0.1",
@@ -219,11 +236,21 @@ def serve_command(
     revoked_file: RevokedFileOpt = None,
     refuse_with: RefuseWithOpt = "close",
     journal_window: JournalWindowOpt = None,
+    store_linger: StoreLingerOpt = None,
 ) -> None:
     """Start the sync hub: agents connect to ws://HOST:PORT/<tenant>/<run>?token=...;
     tokens listed in the revocation file are refused (it is re-read when it changes)."""
     try:
-        serve_hub(store, host, port, secret_file, revoked_file, refuse_with, journal_window)
+        serve_hub(
+            store,
+            host,
+            port,
+            secret_file,
+            revoked_file,
+            refuse_with,
+            journal_window,
+            store_linger,
+        )
     except CrdtStoreError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None

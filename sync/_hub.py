@@ -195,6 +195,10 @@ class HubLimits:
             client that floods the hub is misbehaving, and y-websocket treats 44xx as final).
             None: no limit.
         revocation_poll: seconds between checks of the revocation file for changes.
+        store_linger: seconds a tenant's store stays open after the last of its runs is
+            unloaded (a store holds three SQLite connections, a lease connection and a
+            notification socket: some 9 file descriptors); a run of the tenant loaded
+            meanwhile reuses it. 0: closed at once.
         journal_window: how long the updates of plain Yjs clients may wait to be journaled
             (seconds; 0: journaled at the end of the event loop iteration that applied them).
             A run's record commits at most once per window while nobody waits for a commit:
@@ -207,7 +211,8 @@ class HubLimits:
             sends what the hub lacks on reconnect.
 
     Raises:
-        InvalidValue: a limit that is not > 0 (``journal_window``: < 0 or not finite).
+        InvalidValue: a limit that is not > 0 (``journal_window``, ``store_linger``: < 0 or
+            not finite).
     """
 
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
@@ -221,12 +226,13 @@ class HubLimits:
     rate_burst: int = 10_000
     revocation_poll: float = 0.5
     journal_window: float = 0.02
+    store_linger: float = 5.0
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.journal_window < math.inf:
-            raise InvalidValue(
-                f"HubLimits.journal_window must be >= 0 and finite, not {self.journal_window!r}"
-            )
+        for name in ("journal_window", "store_linger"):
+            value = getattr(self, name)
+            if not 0.0 <= value < math.inf:
+                raise InvalidValue(f"HubLimits.{name} must be >= 0 and finite, not {value!r}")
         positive: dict[str, float | None] = {
             "max_message_size": self.max_message_size,
             "max_queue_frames": self.max_queue_frames,
@@ -789,12 +795,27 @@ def _select_subprotocol(
     return None
 
 
+class _TenantStore:
+    """A tenant's open store in the hub: used by its loaded runs (:meth:`Hub._store`,
+    :meth:`Hub._unstore`); closed by its task (:meth:`Hub._run_store`) when ``done`` is set."""
+
+    __slots__ = ("closed", "done", "idle_since", "store", "users")
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.users = 0
+        self.idle_since: float | None = None
+        self.done = anyio.Event()
+        self.closed = anyio.Event()
+
+
 class Hub:
     """The sync hub over the store at ``store_url``, accepting tokens signed with ``secret``.
 
     Args:
         store_url: the store (``sqlite:///path/store.db``); a store object is opened per
-            tenant met in a token.
+            tenant while runs of it are loaded, and closed ``limits.store_linger`` seconds
+            after the last one is unloaded.
         secret: the token signing secret (at least 16 bytes).
         limits: message size, send queue, document size, rate and timeout limits.
         clock: the time tokens are checked against (seconds since the epoch).
@@ -834,7 +855,7 @@ class Hub:
         self._revoked_listed: frozenset[str] = frozenset()  # in the revocation file
         self._revoked: frozenset[str] = frozenset()  # the union
         self._revoked_file_stamp: tuple[int, int, int] | None = None
-        self._stores: dict[str, Store] = {}
+        self._stores: dict[str, _TenantStore] = {}  # open stores, by tenant
         self._store_locks: dict[str, anyio.Lock] = {}
         self._rooms: dict[tuple[str, str], _Room] = {}
         self._auth: weakref.WeakKeyDictionary[ServerConnection, tuple[TokenClaims, str, str]]
@@ -853,6 +874,11 @@ class Hub:
     def loaded_runs(self) -> dict[tuple[str, str], int]:
         """The loaded runs: (tenant, run) -> number of connections."""
         return {key: len(room.conns) for key, room in self._rooms.items()}
+
+    def open_tenants(self) -> dict[str, int]:
+        """The tenants whose store is open: tenant -> number of its loaded runs (0: the store
+        lingers, see :attr:`HubLimits.store_linger`)."""
+        return {tenant: held.users for tenant, held in self._stores.items()}
 
     async def wait_until(self, predicate: Callable[[Hub], bool]) -> None:
         """Return once ``predicate(hub)`` holds; it is re-checked whenever a run is loaded or
@@ -982,26 +1008,63 @@ class Hub:
                         server.close()
                         await server.wait_closed()
                     self._stopping.set()
+                    for held in self._stores.values():  # (unused but lingering ones)
+                        held.done.set()
 
     async def _store(self, tenant: str) -> Store:
-        store = self._stores.get(tenant)
-        if store is not None:
-            return store
+        """The tenant's store, opened if need be, and counted as used until
+        :meth:`_unstore` (a loaded run holds it)."""
         lock = self._store_locks.setdefault(tenant, anyio.Lock())
         async with lock:
-            store = self._stores.get(tenant)
-            if store is None:
+            held = self._stores.get(tenant)
+            if held is None:
                 assert self._tg is not None
-                store = await self._tg.start(self._run_store, tenant)
-                self._stores[tenant] = store
-        return store
+                held = await self._tg.start(self._run_store, tenant)
+                self._stores[tenant] = held
+            held.users += 1
+            held.idle_since = None
+            return held.store
 
-    async def _run_store(self, tenant: str, *, task_status: TaskStatus[Store]) -> None:
+    def _unstore(self, tenant: str) -> None:
+        """A run of the tenant was unloaded (or failed to load): when no run uses the store
+        any more, close it after ``limits.store_linger`` seconds (unless a run of the tenant
+        is loaded meanwhile)."""
+        held = self._stores[tenant]
+        held.users -= 1
+        if held.users == 0:
+            held.idle_since = since = time.monotonic()
+            assert self._tg is not None
+            self._tg.start_soon(self._close_store, tenant, held, since)
+
+    async def _close_store(self, tenant: str, held: _TenantStore, since: float) -> None:
+        if self.limits.store_linger > 0 and not self._stopping.is_set():
+            await anyio.sleep(self.limits.store_linger)
+        lock = self._store_locks.setdefault(tenant, anyio.Lock())
+        async with lock:
+            # still unused since then (a run loaded meanwhile resets idle_since)
+            if self._stores.get(tenant) is held and held.idle_since == since:
+                del self._stores[tenant]
+                held.done.set()
+                await held.closed.wait()
+                if not lock.statistics().tasks_waiting:
+                    del self._store_locks[tenant]  # (a waiter would reopen the store with it)
+                log.info("closed the store of tenant %s", tenant)
+                self._fire_changed()
+
+    async def _run_store(self, tenant: str, *, task_status: TaskStatus[_TenantStore]) -> None:
         # Shielded: a store closes after the connections (and the records on it) are gone.
         with anyio.CancelScope(shield=True):
-            async with open_store(self.store_url, tenant=tenant) as store:
-                task_status.started(store)
-                await self._stopping.wait()
+            held: _TenantStore | None = None
+            try:
+                async with open_store(self.store_url, tenant=tenant) as store:
+                    held = _TenantStore(store)
+                    task_status.started(held)
+                    if self._stopping.is_set():
+                        held.done.set()
+                    await held.done.wait()
+            finally:
+                if held is not None:
+                    held.closed.set()
 
     # -- the HTTP upgrade -------------------------------------------------------------------------
 
@@ -1047,8 +1110,10 @@ class Hub:
             room = self._rooms.get(key)
             if room is None:
                 room = self._rooms[key] = _Room(tenant, run)
+                stored = False
                 try:
                     store = await self._store(tenant)
+                    stored = True
                     rec = _HubRecord(store, run, HUB_AGENT, "system", create=not claims.read_only)
                     await rec.start()
                     rec.bind_loop(self.limits.journal_window)
@@ -1062,6 +1127,8 @@ class Hub:
                     room.failed = True
                     del self._rooms[key]
                     room.ready.set()
+                    if stored:
+                        self._unstore(tenant)
                     raise
                 room.attach(rec, size)
                 room.users += 1
@@ -1094,6 +1161,7 @@ class Hub:
             room.closed.set()
             log.info("unloaded run %s/%s", room.tenant, room.run)
             self._fire_changed()
+            self._unstore(room.tenant)
 
     # -- connections ------------------------------------------------------------------------------
 
@@ -1265,6 +1333,6 @@ class Hub:
             tenant=conn.room.tenant,
             run=conn.room.run,
             rec=rec,
-            store=await self._store(conn.room.tenant),
+            store=rec._store,
         )
         conn.send(conn.session.respond(await dispatch(ctx, request)))
