@@ -123,6 +123,29 @@ def revoke_token(
     return path
 
 
+def raise_open_files_limit(want: int = 65536) -> int:
+    """Raise this process's soft limit of open files towards its hard limit (at most
+    ``want``), as servers do: every connection is a descriptor, and the usual soft limit
+    (1,024) is far below what a hub may hold. Returns the soft limit now in force (logged).
+    The hub's library API (:class:`Hub`) leaves the process's limits alone; this is for
+    ``crdtstore serve``."""
+    log = logging.getLogger("sync.hub")
+    try:
+        import resource
+    except ImportError:  # not on POSIX
+        return -1
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = want if hard == resource.RLIM_INFINITY else min(hard, want)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as exc:
+            log.warning("cannot raise the open files limit from %d: %s", soft, exc)
+    log.info("open files limit: %d", soft)
+    return int(soft)
+
+
 def serve_hub(
     store: str,
     host: str,
@@ -161,6 +184,7 @@ def serve_hub(
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    raise_open_files_limit()
 
     async def run() -> None:
         # SIGINT and SIGTERM stop the hub gracefully: connections are closed with 1001 and

@@ -24,6 +24,7 @@ No sleeps to wait for sync: every wait is on a condition under a deadline.
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -174,10 +175,10 @@ def _keys(entry: Any) -> set[str]:
     return {op[3] for op in entry.effect if op[:3] == ["map", "notes", "set"]}
 
 
-# ``python -m sync`` under a soft limit of 128 file descriptors
+# ``python -m sync`` under a limit of 128 file descriptors (soft and hard: it cannot raise it)
 _LIMITED_HUB = (
     "import resource as r, runpy, sys; "
-    "r.setrlimit(r.RLIMIT_NOFILE, (128, r.getrlimit(r.RLIMIT_NOFILE)[1])); "
+    "r.setrlimit(r.RLIMIT_NOFILE, (128, 128)); "
     "sys.argv = ['sync', *sys.argv[1:]]; "
     "runpy.run_module('sync', run_name='__main__', alter_sys=True)"
 )
@@ -229,3 +230,22 @@ async def test_a_hub_under_128_descriptors_serves_60_tenants_in_turn(
             assert failures > 0  # the old behaviour: out of descriptors
             assert any("Too many open files" in line for line in hub.stderr)
         await f.kill_all()
+
+
+async def test_the_hub_process_raises_its_soft_open_files_limit(tmp_path: Path) -> None:
+    """``crdtstore serve`` raises the soft limit towards the hard one (the usual soft 1,024 is
+    far below what a hub may hold); a library user's process is left alone."""
+    argv = [sys.executable, "-c", _LIMITED_HUB.replace("(128, 128)", "(256, 4096)")]
+    argv += ["--store", f"sqlite:///{tmp_path / 'store.db'}", "--port", "0"]
+    env = {**os.environ, "CRDTSTORE_SECRET": PROCESS_SECRET}
+    async with fleet(tmp_path, "asyncio") as f:
+        hub = await f._spawn(HubProc, "hub", argv, env=env, stdin=subprocess.DEVNULL)
+        await hub.wait(lambda: hub.port is not None, "hub listening")
+        limits = Path(f"/proc/{hub.process.pid}/limits").read_text()
+        line = next(x for x in limits.splitlines() if x.startswith("Max open files"))
+        assert line.split()[3:5] == ["4096", "4096"]
+        assert any("open files limit: 4096" in x for x in hub.stderr)
+        await f.kill_all()
+    before = resource.getrlimit(resource.RLIMIT_NOFILE)
+    async with running_hub(tmp_path / "lib"):
+        assert resource.getrlimit(resource.RLIMIT_NOFILE) == before
