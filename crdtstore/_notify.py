@@ -2,8 +2,8 @@
 
 In-process, a :class:`Watch` per run holds an event that is set on every append.
 
-Across processes (the SQLite store), every process that has the store open binds a Unix
-datagram socket in a folder derived from the store file's real path; after each commit the
+Across processes (the SQLite store), every store object binds a Unix datagram socket in a
+folder derived from the store file's real path and the store's tenant; after each commit the
 writer sends ``tenant NUL run`` to every socket in that folder, followed by ``NUL seq`` when
 it knows the journal position it committed. A datagram costs a few microseconds, needs no
 server, and a dead listener is noticed (``ECONNREFUSED``) and its socket removed.

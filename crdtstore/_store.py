@@ -205,7 +205,11 @@ class Store:
         self._snapshot_bytes: dict[str, int] = {}  # of the last snapshot this store made
         self._head_seen: dict[str, int] = {}  # highest position its records committed
         self._backend = backend
-        self._notifier = Notifier(backend.notify_url())
+        key = backend.notify_url()
+        # one socket folder per file and tenant: a commit wakes the stores of its own tenant
+        # only (a hub holds a store per tenant: with one folder per file, every commit sent
+        # a datagram to, and woke, every tenant's store)
+        self._notifier = Notifier(None if key is None else f"{key}\x00{tenant}")
         backend.bind(self._notifier.notify)
         self._records: set[Record] = set()
         self._tg: TaskGroup | None = None

@@ -189,3 +189,22 @@ async def test_a_listing_made_while_the_folder_was_changing_is_not_kept(tmp_path
             os.utime(folder, ns=(stamp, stamp))  # b's socket: "in the same tick"
             await write(ra, "k1", 1)
             assert await until(lambda: rb.map("m").get("k1") == 1) < WOKEN
+
+
+async def test_a_commit_notifies_the_stores_of_its_tenant_only(tmp_path: Path) -> None:
+    """One socket folder per file and tenant: a hub holds a store per tenant, and with one
+    folder per file every commit sent a datagram to (and woke) every tenant's store."""
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    async with (
+        open_store(url, tenant=TENANT, poll_interval=POLL) as a,
+        open_store(url, tenant="other", poll_interval=POLL) as other,
+        open_store(url, tenant=TENANT, poll_interval=POLL) as c,
+        a.open_record(RUN, "a") as ra,
+        c.open_record(RUN, "c") as rc,
+    ):
+        listed = a._notifier._listeners()
+        assert c._notifier._own in listed
+        assert other._notifier._own not in listed
+        assert a._notifier._dir != other._notifier._dir
+        await write(ra, "k", 1)
+        assert await until(lambda: rc.map("m").get("k") == 1) < WOKEN  # by the datagram

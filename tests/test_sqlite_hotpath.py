@@ -473,3 +473,59 @@ async def test_inline_and_thread_reads_agree(
         assert [(r.seq, r.update) for r in rows] == want
     finally:
         await j.aclose()
+
+
+def _busy() -> sqlite3.OperationalError:
+    exc = sqlite3.OperationalError("database is locked")
+    exc.sqlite_errorcode = 5  # type: ignore[attr-defined]  # SQLITE_BUSY
+    return exc
+
+
+async def test_opening_retries_a_busy_file_then_opens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Processes opening a new file together race for WAL mode and the schema; a connection
+    holding a read lock that needs the write lock gets SQLITE_BUSY at once (no busy wait:
+    it could deadlock). Seen once in a full test run: an agent of 8 failed to start with
+    "database is locked". Opening now tries again (here: the first 3 connections fail)."""
+    real = sq._Conn.__init__
+    failures = [3]
+
+    def flaky(self: Any, path: Path, *, loop: bool = False) -> None:
+        if failures[0]:
+            failures[0] -= 1
+            raise _busy()
+        real(self, path, loop=loop)
+
+    monkeypatch.setattr(sq._Conn, "__init__", flaky)
+    async with crdtstore.open_store(f"sqlite:///{tmp_path / 's.db'}", tenant="t") as store:
+        async with store.open_record("r", "a") as rec:
+            await rec.map("m").set("k", 1)
+            await rec.flush()
+    assert failures[0] == 0
+
+
+async def test_opening_fails_on_other_errors_at_once_and_on_busy_past_the_deadline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = [0]
+
+    def broken(self: Any, path: Path, *, loop: bool = False) -> None:
+        calls[0] += 1
+        raise sqlite3.DatabaseError("file is not a database")
+
+    monkeypatch.setattr(sq._Conn, "__init__", broken)
+    with pytest.raises(BackendError, match="not a database"):
+        await SQLiteJournal(f"sqlite:///{tmp_path / 'a.db'}").open()
+    assert calls[0] == 1  # not retried
+
+    def busy(self: Any, path: Path, *, loop: bool = False) -> None:
+        calls[0] += 1
+        raise _busy()
+
+    monkeypatch.setattr(sq._Conn, "__init__", busy)
+    monkeypatch.setattr(sq, "BUSY_TIMEOUT", 0.2)
+    calls[0] = 0
+    with anyio.fail_after(10), pytest.raises(BackendError, match="locked"):
+        await SQLiteJournal(f"sqlite:///{tmp_path / 'b.db'}").open()
+    assert calls[0] > 1  # retried until the deadline

@@ -332,19 +332,40 @@ class SQLiteJournal(JournalBackend):
     async def open(self) -> None:
         if self._w is not None:
             return
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+        def connect() -> tuple[_Conn, _Conn, _Conn]:
+            opened: list[_Conn] = []
+            try:
+                opened.append(_Conn(self.path))
+                opened[0].db.executescript(_SCHEMA)
+                _migrate(opened[0].db)
+                opened.append(_Conn(self.path))
+                opened.append(_Conn(self.path, loop=True))
+                return opened[0], opened[1], opened[2]
+            except BaseException:
+                for conn in opened:
+                    conn.close()
+                raise
 
-            def connect() -> tuple[_Conn, _Conn, _Conn]:
-                w = _Conn(self.path)
-                w.db.executescript(_SCHEMA)
-                _migrate(w.db)
-                return w, _Conn(self.path), _Conn(self.path, loop=True)
-
-            self._w, self._r, self._l = await anyio.to_thread.run_sync(connect)
-            self._wlock = anyio.Lock()
-        except (OSError, sqlite3.Error) as exc:
-            raise BackendError("sqlite", f"cannot open {self.path}: {exc}") from exc
+        # Processes opening a new file together race to set WAL mode and create the schema:
+        # a connection that holds a read lock and needs the write lock another one holds gets
+        # SQLITE_BUSY at once (SQLite does not wait then: it could deadlock), so try again.
+        deadline = time.monotonic() + BUSY_TIMEOUT
+        delay = 0.005
+        while True:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._w, self._r, self._l = await anyio.to_thread.run_sync(connect)
+                break
+            except sqlite3.Error as exc:
+                if _is_busy(exc) and time.monotonic() < deadline:
+                    log.debug("opening %s: %s; trying again", self.path, exc)
+                    await anyio.sleep(delay)
+                    delay = min(delay * 2, 0.25)
+                    continue
+                raise BackendError("sqlite", f"cannot open {self.path}: {exc}") from exc
+            except OSError as exc:
+                raise BackendError("sqlite", f"cannot open {self.path}: {exc}") from exc
+        self._wlock = anyio.Lock()
 
     async def aclose(self) -> None:
         mine = os.getpid() == self._pid
