@@ -313,3 +313,12 @@ class JournalBackend(ABC):
         (or is None): so an idle store costs one call per interval, not one read per record.
         Must be cheap and never block. The default: None."""
         return None
+
+    def heads(self, tenant: str, runs: Sequence[str]) -> dict[str, int] | None:
+        """The journal head of each of ``runs`` that exists, read now on the event loop
+        thread without blocking; None when the backend cannot tell at once. When
+        :meth:`changes` moved, the store asks this for the runs its records read and wakes
+        only those whose head is past what they were told, instead of every record (a
+        commit to one run must not make every loaded run re-read). The default: None (every
+        reader is woken)."""
+        return None

@@ -161,11 +161,19 @@ class Notifier:
                 # or a file that is not a socket: a hint is allowed to get lost
                 pass
 
-    async def poll(self, interval: float, changes: Callable[[], int | None]) -> None:
+    async def poll(
+        self,
+        interval: float,
+        changes: Callable[[], int | None],
+        heads: Callable[[str, list[str]], dict[str, int] | None],
+    ) -> None:
         """Until cancelled, every ``interval`` seconds: when ``changes()`` (the backend's
         :meth:`~crdtstore._journal.JournalBackend.changes`) moved since the last call or is
-        None, wake every polled watch without a position (a blind wake-up: its readers read
-        the journal again). Nothing is read when no watch is held."""
+        None, ask ``heads(tenant, runs)`` for the heads of the polled watches' runs and wake
+        each watch whose run's head is past the position it was told (:attr:`Watch.head`);
+        when ``heads`` cannot tell (None), wake every polled watch without a position (a
+        blind wake-up: its readers read the journal again). Nothing is read while no watch
+        is held."""
         seen: int | None = None
         while True:
             await anyio.sleep(interval)
@@ -179,9 +187,22 @@ class Notifier:
             if now is not None and now == seen:
                 continue
             seen = now
-            for w in list(self._watches.values()):
+            by_tenant: dict[str, list[tuple[str, Watch]]] = {}
+            for (tenant, run), w in list(self._watches.items()):
                 if w.polled:
-                    w.fire()
+                    by_tenant.setdefault(tenant, []).append((run, w))
+            for tenant, watched in by_tenant.items():
+                try:
+                    got = heads(tenant, [run for run, _ in watched])
+                except Exception:
+                    got = None
+                for run, w in watched:
+                    if got is None:
+                        w.fire()
+                    else:
+                        head = got.get(run)
+                        if head is not None and head > w.head:
+                            w.fire(head)
 
     def others_listening(self) -> bool:
         """Whether other processes have the store open (their sockets are in the folder, as

@@ -235,7 +235,9 @@ class Store:
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         await self._tg.start(self._notifier.serve)
-        self._tg.start_soon(self._notifier.poll, self.poll_interval, self._backend.changes)
+        self._tg.start_soon(
+            self._notifier.poll, self.poll_interval, self._backend.changes, self._backend.heads
+        )
         self._state = "open"
         return self
 

@@ -8,7 +8,9 @@ and ``poll_interval``, instead of one journal read per record.
   reaches a reader on another store object: the poll sees the file changed and wakes it.
 - An idle store with many records reads nothing while the file does not change: the
   records' reads stay where they were across many polls (they grew by one per record and
-  poll before this change).
+  poll before this change). When the file changed, the store asks the backend for the heads
+  of its runs (``JournalBackend.heads``: ``runs.head`` on SQLite) and wakes the readers of
+  the runs that moved only; a backend that cannot tell has every reader woken.
 - A backend that cannot tell (``changes()`` is None: the memory backend) keeps the old
   behaviour: every record reads at every poll.
 - A reader whose read failed tries again by itself, even when the file does not change
@@ -34,6 +36,7 @@ import anyio
 import pytest
 
 from crdtstore import BackendError, Record, Store, open_store
+from crdtstore._backends.sqlite import SQLiteJournal
 from crdtstore._leases._api import WAKE_KEY
 from tests.test_sync_hub import RUN, TENANT, running_hub, token
 
@@ -126,7 +129,7 @@ async def test_an_idle_store_reads_nothing_however_many_records(tmp_path: Path) 
         settled = reads[0]
         await polls(store, 10)
         assert reads[0] == settled  # 10 polls x 20 records: no read
-        # a change by another connection, unannounced, wakes them again
+        # a change by another connection, unannounced, wakes the reader of its run only
         async with (
             open_store(url, tenant=TENANT, poll_interval=60) as other,
             other.open_record("run3", "y") as r3,
@@ -135,7 +138,52 @@ async def test_an_idle_store_reads_nothing_however_many_records(tmp_path: Path) 
             await r3.map("m").set("k", "v")
             await r3.flush()
             await until(lambda: records[3].map("m").get("k") == "v")
-        assert reads[0] > settled
+            await polls(store, 3)
+        assert 1 <= reads[0] - settled <= 2  # run3's record; not the 19 others
+
+
+async def test_without_heads_every_reader_is_woken_when_the_file_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    monkeypatch.setattr(SQLiteJournal, "heads", lambda self, tenant, runs: None)  # cannot tell
+    async with (
+        open_store(url, tenant=TENANT, poll_interval=POLL) as store,
+        contextlib.AsyncExitStack() as stack,
+    ):
+        records: list[Record] = [
+            await stack.enter_async_context(store.open_record(f"run{i}", "x")) for i in range(5)
+        ]
+        reads = count_reads(store)
+        await polls(store, 3)
+        settled = reads[0]
+        async with (
+            open_store(url, tenant=TENANT, poll_interval=60) as other,
+            other.open_record("run3", "y") as r3,
+        ):
+            mute(other)
+            await r3.map("m").set("k", "v")
+            await r3.flush()
+            await until(lambda: records[3].map("m").get("k") == "v")
+            await polls(store, 3)
+        assert reads[0] - settled >= 5  # all of them read again
+
+
+async def test_sqlite_heads_are_the_journal_heads(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    async with (
+        open_store(url, tenant=TENANT, poll_interval=60) as store,
+        store.open_record("a", "x") as ra,
+        store.open_record("b", "x") as rb,
+    ):
+        for i in range(3):
+            await ra.map("m").set("k", i)
+            await ra.flush()
+        await rb.map("m").set("k", 0)
+        await rb.flush()
+        runs = ["a", "b", "nope"] + [f"x{i}" for i in range(600)]  # (chunks of 500)
+        assert store._backend.heads(TENANT, runs) == {"a": ra.applied_seq, "b": rb.applied_seq}
+        assert store._backend.heads("other", ["a"]) == {}
 
 
 async def test_a_backend_that_cannot_tell_is_read_at_every_poll() -> None:

@@ -593,6 +593,28 @@ class SQLiteJournal(JournalBackend):
             conn.lock.release()
         return int(row[0])
 
+    def heads(self, tenant: str, runs: Sequence[str]) -> dict[str, int] | None:
+        """``runs.head`` of the given runs, on the loop connection (the ``(tenant, run)``
+        index; 500 runs a query). None when the loop connection is taken, busy or closed."""
+        conn = self._l
+        if conn is None or os.getpid() != self._pid or not conn.lock.acquire(blocking=False):
+            return None
+        out: dict[str, int] = {}
+        try:
+            for i in range(0, len(runs), 500):
+                chunk = list(runs[i : i + 500])
+                marks = ", ".join("?" * len(chunk))
+                for run, head in conn.db.execute(
+                    f"SELECT run, head FROM runs WHERE tenant = ? AND run IN ({marks})",
+                    (tenant, *chunk),
+                ):
+                    out[run] = int(head)
+        except sqlite3.Error:
+            return None
+        finally:
+            conn.lock.release()
+        return out
+
     def _read_inline(self, sql: str, params: tuple[Any, ...]) -> list[Any] | None:
         """Rows of a small read on the loop connection, or None when it is taken, busy, or
         the rows turn out bigger than :data:`INLINE_BYTES` (then read in a worker thread)."""
