@@ -234,10 +234,16 @@ class Notifier:
             return
         try:
             self._dir = _socket_dir(self._key)
-            self._dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             self._path = self._dir / f"{os.getpid()}-{secrets.token_hex(4)}"
             self._own = str(self._path)
-            sock = await anyio.create_unix_datagram_socket(local_path=self._path)
+            for attempt in range(5):
+                self._dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+                try:
+                    sock = await anyio.create_unix_datagram_socket(local_path=self._path)
+                    break
+                except FileNotFoundError:  # the last other store removed the folder meanwhile
+                    if attempt == 4:
+                        raise
             self._send = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
             self._send.setblocking(False)
         except OSError as exc:
@@ -313,6 +319,11 @@ class Notifier:
             with contextlib.suppress(OSError):
                 os.unlink(self._path)
             self._path = None
+            if self._dir is not None:
+                # the folder goes with its last socket (one per file and tenant: they would
+                # pile up in the temporary directory); fails, harmlessly, while others remain
+                with contextlib.suppress(OSError):
+                    os.rmdir(self._dir)
 
     def __repr__(self) -> str:  # pragma: no cover
         return f"<Notifier {self._key!r} watches={len(self._watches)}>"

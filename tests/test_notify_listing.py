@@ -208,3 +208,17 @@ async def test_a_commit_notifies_the_stores_of_its_tenant_only(tmp_path: Path) -
         assert a._notifier._dir != other._notifier._dir
         await write(ra, "k", 1)
         assert await until(lambda: rc.map("m").get("k") == 1) < WOKEN  # by the datagram
+
+
+async def test_the_socket_folder_goes_with_its_last_socket(tmp_path: Path) -> None:
+    """One folder per file and tenant: they would pile up in the temporary directory."""
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    async with open_store(url, tenant=TENANT, poll_interval=POLL) as a:
+        folder = a._notifier._dir
+        assert folder is not None and folder.is_dir()
+        async with open_store(url, tenant=TENANT, poll_interval=POLL):
+            pass
+        assert folder.is_dir()  # a's socket is still there
+        async with open_store(url, tenant=TENANT, poll_interval=POLL) as c:
+            assert c._notifier._dir == folder
+    assert not folder.exists()
