@@ -25,6 +25,7 @@ import json
 import logging
 import sys
 import time
+import weakref
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
@@ -666,11 +667,26 @@ class Replica:
         self._captured_deletes: bytes | None = None
         self._wtxn: Any = None  # the transaction object local_set reuses (see there)
         self.partial_update: bytes | None = None
-        # the capture: on the yrs document itself when it can (see _direct_insert_works)
-        self._capture: Any = (
-            self.doc._doc.observe(self._on_transaction)
+        self._capture: Any = self.capture_transactions()
+
+    def capture_transactions(self) -> Any:
+        """Observe this replica's document for the capture (:meth:`_on_transaction`): on the
+        yrs document itself when it can (see ``_direct_insert_works``), through a weak
+        reference to the replica. A bound method given to yrs is held from the Rust side,
+        where the garbage collector cannot see it: the replica and its document were never
+        freed (every record closed, every scratch copy and replay leaked its document).
+        Returns the subscription (it lives as long as the document)."""
+        ref = weakref.ref(self)
+
+        def on_transaction(event: Any) -> None:
+            replica = ref()
+            if replica is not None:
+                replica._on_transaction(event)
+
+        return (
+            self.doc._doc.observe(on_transaction)
             if _DIRECT_INSERT
-            else self.doc.observe(self._on_transaction)
+            else self.doc.observe(on_transaction)
         )
 
     # -- collections --------------------------------------------------------------------------

@@ -167,7 +167,7 @@ def _seed_client_id(rec: Record, client_id: int) -> None:
     replica.doc = Doc(client_id=client_id)
     replica.client_id = client_id
     replica.registry = replica.doc.get(REGISTRY, type=Map)
-    replica.doc.observe(replica._on_transaction)
+    replica._capture = replica.capture_transactions()
 
 
 def decode_state_vector(sv: bytes) -> dict[int, int]:
