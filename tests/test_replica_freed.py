@@ -10,7 +10,8 @@ connect/write/leave cycles through a hub grew the process by 136,000 objects; fl
 - Guarded writes and policed external updates (scratch copies) leave no replica behind.
 - A replay leaves no replica behind.
 - A run the hub unloads frees its document (the hub's room unobserves it too).
-- The capture still works: a replica whose document is observed weakly still journals.
+- Hub churn (plain peers, ``ws://`` clients with a lease, 3 tenants x 3 runs) leaves the
+  process flat: < 3,000 more objects after 90 cycles (21,158 more with the leak).
 """
 
 from __future__ import annotations
@@ -94,3 +95,39 @@ async def test_a_run_the_hub_unloads_frees_its_document(tmp_path: Path) -> None:
         await hub.wait_unloaded()
         gc.collect()
         assert doc() is None
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the hub runs on asyncio
+async def test_hub_churn_leaves_the_process_flat(tmp_path: Path) -> None:
+    """Plain Yjs peers and ``ws://`` clients (with a lease) connect, write and leave, over 3
+    tenants and 3 runs: after 90 cycles the process holds about as many objects as after
+    the first 30 (before the fix: some 230 more per cycle, about 20,000 here)."""
+    from crdtstore import open_store as open_any
+    from tests.test_sync_hub import Peer, peer_at, running_hub, token
+
+    async with running_hub(tmp_path, store_linger=0) as hub:
+
+        async def churn(cycles: int, offset: int) -> None:
+            for n in range(offset, offset + cycles):
+                tenant, run = f"t{n % 3}", f"r{n % 3}"
+                tok = token(f"a{n}", tenant=tenant, run=run)
+                if n % 2:
+                    async with peer_at(hub.url(tok, tenant=tenant, run=run), Peer()) as peer:
+                        await peer.set(f"k{n}", n)
+                        await peer.flush()
+                else:
+                    async with (
+                        open_any(f"{hub.base}/{tenant}", token=tok) as store,
+                        store.open_record(run, "x") as rec,
+                        store.lease([f"src/f{n % 4}.py"], ttl=5.0),
+                    ):
+                        await rec.map("notes").set(f"k{n}", n)
+                        await rec.flush()
+            await hub.hub.wait_until(lambda h: not h.open_tenants() and not h.loaded_runs())
+
+        await churn(30, 0)
+        gc.collect()
+        before = len(gc.get_objects())
+        await churn(90, 30)
+        gc.collect()
+        assert len(gc.get_objects()) - before < 3000
