@@ -309,9 +309,9 @@ class JournalBackend(ABC):
         """A number that changes whenever the journal may have grown by a write this store
         was not told of (another process's commit whose wake-up datagram got lost); None when
         the backend cannot tell. The store asks every ``poll_interval`` seconds, on the event
-        loop thread, and wakes every reader of its runs to read again when the number moved
-        (or is None): so an idle store costs one call per interval, not one read per record.
-        Must be cheap and never block. The default: None."""
+        loop thread; when the number moved (or is None) it asks :meth:`heads` and wakes the
+        readers of the runs that moved: so an idle store costs one call per interval, not one
+        read per record. Must be cheap and never block. The default: None."""
         return None
 
     def heads(self, tenant: str, runs: Sequence[str]) -> dict[str, int] | None:

@@ -10,10 +10,11 @@ server, and a dead listener is noticed (``ECONNREFUSED``) and its socket removed
 Notifications are only a hint, so a lost datagram delays a reader, it never loses data:
 every ``poll_interval`` seconds the store asks its backend whether the journal may have
 changed behind its back (:meth:`JournalBackend.changes`: SQLite's ``data_version``, one
-pragma) and, when it did or the backend cannot tell, wakes every reader of the store's runs
-to read again (:meth:`Notifier.poll`). One check per store and interval, not one read per
+pragma) and, when it did, for the heads of the runs it reads (:meth:`JournalBackend.heads`:
+one query), and wakes the readers of the runs that moved; every reader when the backend
+cannot tell (:meth:`Notifier.poll`). One check per store and interval, not one read per
 record: a hub with a thousand idle runs loaded does not read a thousand journals four times
-a second.
+a second, nor all of them when one run is written.
 
 A wake-up that names its position lets a reader skip the read when it has already taken that
 position in (with 8 writers, a reader woken by one datagram often reads the entries of the

@@ -1422,7 +1422,7 @@ class Record:
         # (no worker-thread hop); a backlog is taken in chunks, yielding between them.
         chunk = 256
         # Woken by this process's commits, other processes' datagrams and the store's poll
-        # (Notifier.poll: a blind wake-up when the journal may have changed unannounced).
+        # (Notifier.poll: when the run's head moved unannounced, a lost datagram).
         while True:
             event = watch.event  # take it before reading: no wake-up can fall between
             blind = watch.blind
