@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +58,24 @@ def mute(store: Store) -> None:
     assert notifier._send is not None
     notifier._send.close()
     notifier._send = None
+
+
+@contextlib.asynccontextmanager
+async def muted_writer_and_reader(
+    tmp_path: Path,
+) -> AsyncIterator[tuple[Record, Record, Store]]:
+    """A writer's record on a store whose datagrams are muted (and that never polls), a
+    reader's record of the same run on another store of the file (polling every ``POLL``),
+    and the reader's store."""
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    async with (
+        open_store(url, tenant=TENANT, poll_interval=60) as a,
+        open_store(url, tenant=TENANT, poll_interval=POLL) as b,
+        a.open_record(RUN, "a") as ra,
+        b.open_record(RUN, "b") as rb,
+    ):
+        mute(a)
+        yield ra, rb, b
 
 
 def count_reads(store: Store) -> list[int]:
@@ -115,14 +133,7 @@ async def test_sqlite_changes_moves_for_other_connections_only(tmp_path: Path) -
 async def test_a_write_whose_datagram_is_lost_reaches_another_store_by_the_poll(
     tmp_path: Path,
 ) -> None:
-    url = f"sqlite:///{tmp_path / 's.db'}"
-    async with (
-        open_store(url, tenant=TENANT, poll_interval=60) as a,
-        open_store(url, tenant=TENANT, poll_interval=POLL) as b,
-        a.open_record(RUN, "a") as ra,
-        b.open_record(RUN, "b") as rb,
-    ):
-        mute(a)
+    async with muted_writer_and_reader(tmp_path) as (ra, rb, _):
         for i in range(5):
             await ra.map("m").set("k", i)
             await ra.flush()
@@ -196,14 +207,7 @@ async def test_a_backend_that_cannot_tell_is_read_at_every_poll() -> None:
 
 
 async def test_a_failed_read_is_tried_again_without_another_change(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 's.db'}"
-    async with (
-        open_store(url, tenant=TENANT, poll_interval=60) as a,
-        open_store(url, tenant=TENANT, poll_interval=POLL) as b,
-        a.open_record(RUN, "a") as ra,
-        b.open_record(RUN, "b") as rb,
-    ):
-        mute(a)
+    async with muted_writer_and_reader(tmp_path) as (ra, rb, b):
         backend: Any = b._backend
         real = backend.read
         failures = [0]
