@@ -332,6 +332,7 @@ class SQLiteJournal(JournalBackend):
     async def open(self) -> None:
         if self._w is not None:
             return
+
         def connect() -> tuple[_Conn, _Conn, _Conn]:
             opened: list[_Conn] = []
             try:
@@ -577,43 +578,41 @@ class SQLiteJournal(JournalBackend):
             raise BackendError("sqlite", "store object used after fork; open the store again")
         return self._l
 
+    def _on_loop_now(self, fn: Callable[[sqlite3.Connection], T]) -> T | None:
+        """``fn(db)`` on the loop connection if it is free at once; None when it is taken,
+        busy or closed (or the call fails): for the store's poll, which never waits."""
+        conn = self._l
+        if conn is None or os.getpid() != self._pid or not conn.lock.acquire(blocking=False):
+            return None
+        try:
+            return fn(conn.db)
+        except sqlite3.Error:
+            return None
+        finally:
+            conn.lock.release()
+
     def changes(self) -> int | None:
         """SQLite's ``PRAGMA data_version`` of the loop connection: it moves when another
         connection (of this process or another) commits, not for the loop connection's own
         commits, which wake their readers themselves. About 3 us and two ``fcntl`` calls, no
-        read of the journal. None when the loop connection is taken, busy or closed."""
-        conn = self._l
-        if conn is None or os.getpid() != self._pid or not conn.lock.acquire(blocking=False):
-            return None
-        try:
-            row = conn.db.execute("PRAGMA data_version").fetchone()
-        except sqlite3.Error:
-            return None
-        finally:
-            conn.lock.release()
-        return int(row[0])
+        read of the journal. None when the loop connection is not free at once."""
+        return self._on_loop_now(lambda db: int(db.execute("PRAGMA data_version").fetchone()[0]))
 
     def heads(self, tenant: str, runs: Sequence[str]) -> dict[str, int] | None:
         """``runs.head`` of the given runs, on the loop connection (the ``(tenant, run)``
-        index; 500 runs a query). None when the loop connection is taken, busy or closed."""
-        conn = self._l
-        if conn is None or os.getpid() != self._pid or not conn.lock.acquire(blocking=False):
-            return None
-        out: dict[str, int] = {}
-        try:
+        index; 500 runs a query). None when the loop connection is not free at once."""
+
+        def query(db: sqlite3.Connection) -> dict[str, int]:
+            out: dict[str, int] = {}
             for i in range(0, len(runs), 500):
                 chunk = list(runs[i : i + 500])
                 marks = ", ".join("?" * len(chunk))
-                for run, head in conn.db.execute(
-                    f"SELECT run, head FROM runs WHERE tenant = ? AND run IN ({marks})",
-                    (tenant, *chunk),
-                ):
+                sql = f"SELECT run, head FROM runs WHERE tenant = ? AND run IN ({marks})"
+                for run, head in db.execute(sql, (tenant, *chunk)):
                     out[run] = int(head)
-        except sqlite3.Error:
-            return None
-        finally:
-            conn.lock.release()
-        return out
+            return out
+
+        return self._on_loop_now(query)
 
     def _read_inline(self, sql: str, params: tuple[Any, ...]) -> list[Any] | None:
         """Rows of a small read on the loop connection, or None when it is taken, busy, or
