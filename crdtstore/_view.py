@@ -36,12 +36,14 @@ class View:
     def __init__(self, rec: Record, paths: Iterable[str]) -> None:
         self._rec = rec
         self._rules: dict[str, _Rule] = {}
+        self._patterns: set[str] = set()
         for path in paths:
             if not isinstance(path, str):
                 raise PolicyViolation("scope", rec.agent, str(path), None, "a path is a string")
             name, sep, key = path.partition("/")
             check_name("collection", name)
             rule = self._rules.setdefault(name, _Rule())
+            self._patterns.add(path)
             if not sep:
                 rule.whole = True
             elif key.endswith("*"):
@@ -55,6 +57,15 @@ class View:
         if rule is None:
             return False
         return rule.whole if key is None else rule.allows(key)
+
+    def covers(self, collection: str) -> bool:
+        """Whether the view reaches into ``collection`` at all (all of it or some keys)."""
+        return collection in self._rules
+
+    @property
+    def patterns(self) -> list[str]:
+        """The view's paths, as given (sorted)."""
+        return sorted(self._patterns)
 
     def _refuse(self, collection: str, key: str | None) -> PolicyViolation:
         return PolicyViolation("scope", self._rec.agent, collection, key, "outside this view")

@@ -1,0 +1,801 @@
+"""The record as tools an LLM agent calls: :class:`Toolset`.
+
+A toolset is bound to one open :class:`~crdtstore.Record` (one agent), optionally restricted
+to a slice (a :class:`~crdtstore.View`). ``await toolset.call(name, arguments)`` validates the
+arguments against the tool's pydantic model, runs it and returns a JSON-ready dict; expected
+failures come back as ``{"error": {"code": ..., "message": ...}}`` and change nothing.
+
+Writes are journaled before a tool returns (the result carries the new version to echo back),
+take in other writers' entries first where a read decides something, and carry the toolset's
+source kind and the caller's tool-call id into the journal (``Record.attributed``). Leases and
+claims taken through the tools are held by the toolset between calls, renewed while held,
+fence every write to a key they cover, and are released by :meth:`Toolset.aclose`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from .._errors import (
+    CrdtStoreError,
+    InvalidValue,
+    LeaseHeld,
+    LeaseTimeout,
+    PolicyViolation,
+    StoreClosed,
+)
+from .._journal import SOURCES
+from .._leases import canonical_resource, item_resource
+from .._models import Change, Conflict, Version
+from .._names import check_name
+from .._view import View
+from . import _args as A
+from ._results import (
+    DEFAULT_MAX_RESULT_TOKENS,
+    DEFAULT_PAGE_SIZE,
+    Page,
+    ToolFailure,
+    decode_cursor,
+    dumps,
+    encode_cursor,
+    error_result,
+    jsonable,
+    provenance,
+    tokens_of,
+    validation_errors,
+)
+from ._schemas import FORMATS, annotations, tool_schema
+
+if TYPE_CHECKING:
+    from .._leases import Lease
+    from .._record import Claim, Record
+    from .._store import Store
+
+MAX_ARGUMENT_BYTES = 1_000_000
+
+
+class Toolset:
+    """The agent tools (``store_get``, ``store_put``, ...) bound to an open record.
+
+    Args:
+        rec: the record, opened as the agent whose tools these are.
+        view: restrict every tool to a slice: a :class:`~crdtstore.View` of ``rec`` or its
+            paths (``["findings/net/*", "log"]``); None for the whole record.
+        source: the source kind every write carries (``tool``, ``model``, ``user``,
+            ``system``). Through a hub the token's source is journaled instead.
+        read_only: refuse every tool that changes the record or takes a lease (READ_ONLY).
+        max_result_tokens: the estimated size a result is cut to (pages, chunks).
+        page_size: the most items one page of a collection lists.
+
+    Raises:
+        InvalidValue: an unknown source kind, or a bad budget.
+        PolicyViolation, InvalidName: a malformed view path.
+    """
+
+    def __init__(
+        self,
+        rec: Record,
+        view: View | Iterable[str] | None = None,
+        source: str = "model",
+        read_only: bool = False,
+        *,
+        max_result_tokens: int = DEFAULT_MAX_RESULT_TOKENS,
+        page_size: int = DEFAULT_PAGE_SIZE,
+    ) -> None:
+        if source not in SOURCES:
+            raise InvalidValue(f"source must be one of {sorted(SOURCES)}, not {source!r}")
+        if type(max_result_tokens) is not int or max_result_tokens < 100:
+            raise InvalidValue(f"max_result_tokens must be an int >= 100: {max_result_tokens!r}")
+        if type(page_size) is not int or page_size < 1:
+            raise InvalidValue(f"page_size must be an int >= 1, not {page_size!r}")
+        if isinstance(view, str):
+            raise InvalidValue("view is a list of paths (or a View), not one string")
+        self.record = rec
+        self.view: View | None = (
+            view if isinstance(view, View) or view is None else rec.view(list(view))
+        )
+        self.source = source
+        self.read_only = bool(read_only)
+        self.max_result_tokens = max_result_tokens
+        self.page_size = page_size
+        self._leases: dict[str, Lease] = {}
+        self._claims: dict[tuple[str, str], Claim] = {}
+        self._closed = False
+
+    # -- the tool list --------------------------------------------------------------------------
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The tools' names (a contract: they never change)."""
+        return A.TOOL_NAMES
+
+    def schemas(self, format: str = "openai") -> list[dict[str, Any]]:  # noqa: A002
+        """Every tool in a vendor's format: ``openai`` (function tools), ``anthropic``
+        (``input_schema``) or ``mcp`` (``inputSchema``).
+
+        Raises:
+            InvalidValue: an unknown format.
+        """
+        if format not in FORMATS:
+            raise InvalidValue(f"format must be one of {list(FORMATS)}, not {format!r}")
+        return [tool_schema(spec, format) for spec in A.TOOLS.values()]
+
+    @staticmethod
+    def annotations(name: str) -> dict[str, bool]:
+        """MCP hints for tool ``name`` (``readOnlyHint``, ``destructiveHint``, ...)."""
+        return annotations(A.TOOLS[name])
+
+    @staticmethod
+    def is_error(result: Mapping[str, Any]) -> bool:
+        """Whether a result is a structured error."""
+        return "error" in result
+
+    # -- dispatch -------------------------------------------------------------------------------
+
+    async def call(
+        self, name: str, arguments: Mapping[str, Any] | str | bytes | None = None,
+        *, call_id: str | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
+        """Run tool ``name`` with ``arguments`` (a dict, or its JSON text) and return the
+        result. Expected failures are returned as ``{"error": {...}}``, never raised, and a
+        refused call writes nothing. ``call_id`` (the model's tool-call id) is journaled with
+        every write the call makes."""
+        spec = A.TOOLS.get(name) if isinstance(name, str) else None
+        if spec is None:
+            return _failure(
+                "UNKNOWN_TOOL", f"no tool named {str(name)[:80]!r}", tools=list(A.TOOL_NAMES)
+            )
+        try:
+            args = spec.args.model_validate(_arguments(arguments))
+        except ToolFailure as exc:
+            return {"error": exc.error}
+        except ValidationError as exc:
+            return _failure(
+                "INVALID_ARGUMENTS",
+                f"arguments of {name} do not match its schema: {_first_error(exc)}",
+                errors=validation_errors(exc),
+            )
+        if self._closed:
+            return error_result(StoreClosed("toolset"))
+        if spec.writes and self.read_only:
+            return _failure(
+                "READ_ONLY",
+                f"{name} changes the record; this agent's tools are read-only",
+                tool=name, run=self.record.run,
+            )  # fmt: skip
+        try:
+            with self.record.attributed(source=self.source, call=call_id):
+                result: dict[str, Any] = await getattr(self, f"_{name}")(args)
+        except ToolFailure as exc:
+            return {"error": exc.error}
+        except CrdtStoreError as exc:
+            return error_result(exc)
+        return result
+
+    async def aclose(self) -> None:
+        """Release every claim and lease the toolset holds. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        claims, self._claims = list(self._claims.values()), {}
+        leases, self._leases = list(self._leases.values()), {}
+        for claim in claims:
+            try:
+                await claim.release()
+            except CrdtStoreError:
+                await claim.lease.release()  # lost already, or the record is closed
+        for lease in leases:
+            await lease.release()
+
+    async def __aenter__(self) -> Toolset:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    @property
+    def _store(self) -> Store:
+        return self.record._store  # the store the record is open on (for leases)
+
+    def _kind(self, collection: str) -> str | None:
+        check_name("collection", collection)
+        spec = self.record.spec(collection)
+        if spec is not None:
+            return spec.kind
+        return self.record.collections().get(collection)
+
+    def _see(self, collection: str, key: str | None = None) -> None:
+        """Refuse what the view does not cover (``key`` None: the whole collection)."""
+        view = self.view
+        if view is None:
+            return
+        ok = view.covers(collection) if key is None else view.allows(collection, key)
+        if not ok:
+            raise PolicyViolation("scope", self.record.agent, collection, key, "outside this view")
+
+    def _see_all(self, collection: str) -> None:
+        if self.view is not None and not self.view.allows(collection):
+            raise PolicyViolation(
+                "scope", self.record.agent, collection, None, "outside this view"
+            )
+
+    def _keys_visible(self, collection: str) -> Any:
+        view = self.view
+        if view is None or view.allows(collection):
+            return None
+        return lambda key: view.allows(collection, key)
+
+    def _fence(self, collection: str, key: str) -> Lease | None:
+        """The held lease (or claim) covering ``collection[key]``, if any: the write is fenced
+        by it, so a lease lost meanwhile refuses the write (LEASE_LOST)."""
+        if not self._leases and not self._claims:
+            return None
+        wanted = set()
+        for make in (lambda: canonical_resource(key), lambda: item_resource(collection, key)):
+            try:
+                wanted.add(make())
+            except CrdtStoreError:
+                pass
+        for lease in [*self._leases.values(), *(c.lease for c in self._claims.values())]:
+            if wanted.intersection(lease.resources):
+                return lease
+        return None
+
+    def _coll_version(self, collection: str) -> int:
+        return self.record.current_version(collection).seq
+
+    def _rec_version(self) -> int:
+        return self.record.current_version().seq
+
+    async def _held(self, exc: LeaseHeld | LeaseTimeout, resources: Iterable[str]) -> ToolFailure:
+        """LEASE_HELD with who holds the resources and how many wait for them."""
+        wanted = set(resources)
+        status = await self._store.leases.status(reap=False)
+        holders = [
+            {"owner": h.owner, "resources": list(h.resources), "token": h.token,
+             "expires_in": round(h.expires_in, 3)}
+            for h in status.holders if wanted.intersection(h.resources)
+        ]  # fmt: skip
+        waiting = sum(1 for w in status.waiters if wanted.intersection(w.resources))
+        fields = exc.to_dict()
+        fields.pop("code", None)
+        message = str(fields.pop("message", exc))
+        if isinstance(exc, LeaseTimeout):
+            message = f"still held after waiting {exc.waited:.1f} s: {message}"
+        if "holder" not in fields and holders:
+            fields["holder"] = holders[0]["owner"]
+        return ToolFailure(
+            "LEASE_HELD", message, **fields, holders=holders, waiting=waiting,
+            queue_position=waiting + 1,
+        )  # fmt: skip
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    async def _store_get(self, a: A.StoreGet) -> dict[str, Any]:
+        rec = self.record
+        kind = self._kind(a.collection)
+        await rec.sync()
+        await rec.flush()  # versions of this record's own writes are journal positions
+        if a.key is not None:
+            if kind not in (None, "map"):
+                raise ToolFailure(
+                    "INVALID_ARGUMENTS",
+                    f"{a.collection!r} is a {kind}: omit `key` and page with `cursor`",
+                )
+            self._see(a.collection, a.key)
+            return self._entry(a.collection, a.key, a.cursor)
+        self._see(a.collection)
+        if kind == "list":
+            self._see_all(a.collection)
+            return self._list_page(a.collection, a.cursor)
+        if kind == "text":
+            self._see_all(a.collection)
+            return self._text_page(a.collection, a.cursor)
+        return self._map_page(a.collection, a.cursor, exists=kind is not None)
+
+    def _entry(self, collection: str, key: str, cursor: str | None) -> dict[str, Any]:
+        m = self.record.map(collection)
+        value, version = m.get_versioned(key)
+        out: dict[str, Any] = {
+            "collection": collection,
+            "key": key,
+            "exists": key in m,
+            "version": version or 0,
+            "provenance": provenance(m.provenance(key)),
+            "collection_version": self._coll_version(collection),
+        }
+        _put_value(out, value)
+        if tokens_of(out) <= self.max_result_tokens and cursor is None:
+            return out
+        # too large for one result: the value's JSON in chunks, each with the next cursor
+        text = dumps(out.pop("value", None))
+        start = 0
+        if cursor is not None:
+            start, at = decode_cursor(cursor, "value")
+            if not isinstance(start, int) or not 0 <= start <= len(text):
+                raise ToolFailure("INVALID_ARGUMENTS", "cursor out of range; omit it")
+            out["changed_since_cursor"] = at != out["version"]
+        size = max(1, (self.max_result_tokens - tokens_of(out) - 50) * 3)
+        chunk = text[start : start + size]
+        end = start + len(chunk)
+        out.update(value_json=chunk, value_json_offset=start, value_json_total=len(text))
+        out["next_cursor"] = (
+            encode_cursor("value", end, out["version"]) if end < len(text) else None
+        )
+        return out
+
+    def _map_page(self, collection: str, cursor: str | None, *, exists: bool) -> dict[str, Any]:
+        m = self.record.map(collection)
+        version = self._coll_version(collection)
+        out: dict[str, Any] = {"collection": collection, "kind": "map" if exists else None}
+        after: str | None = None
+        if cursor is not None:
+            after, at = decode_cursor(cursor, "map")
+            if not isinstance(after, str):
+                raise ToolFailure("INVALID_ARGUMENTS", "malformed cursor; omit it")
+            out["changed_since_cursor"] = at != version
+        visible = self._keys_visible(collection)
+        keys = sorted(k for k in m.keys() if visible is None or visible(k))
+        page = Page(self.max_result_tokens, 60, self.page_size)
+        rest = [k for k in keys if after is None or k > after]
+        for key in rest:
+            value, kv = m.get_versioned(key)
+            item: dict[str, Any] = {"key": key, "version": kv or 0}
+            _put_value(item, value)
+            prov = m.provenance(key)
+            if prov is not None:
+                item["agent"], item["source"] = prov.agent, prov.source
+            if tokens_of(item) > self.max_result_tokens // 2:
+                item.pop("value", None)
+                item.pop("siblings", None)
+                item["value_omitted"] = "too large for a page: read it with store_get(key=...)"
+            if not page.add(item):
+                break
+        more = len(page.items) < len(rest)
+        out.update(
+            version=version,
+            total=len(keys),
+            entries=page.items,
+            next_cursor=encode_cursor("map", page.items[-1]["key"], version) if more else None,
+        )
+        return out
+
+    def _list_page(self, collection: str, cursor: str | None) -> dict[str, Any]:
+        items = self.record.list(collection).to_list()
+        version = self._coll_version(collection)
+        out: dict[str, Any] = {"collection": collection, "kind": "list"}
+        start = 0
+        if cursor is not None:
+            start, at = decode_cursor(cursor, "list")
+            if not isinstance(start, int) or start < 0:
+                raise ToolFailure("INVALID_ARGUMENTS", "malformed cursor; omit it")
+            out["changed_since_cursor"] = at != version
+        page = Page(self.max_result_tokens, 60, self.page_size)
+        for i in range(start, len(items)):
+            item: dict[str, Any] = {"index": i, "value": jsonable(items[i])}
+            if tokens_of(item) > self.max_result_tokens // 2:
+                item = {"index": i, "value_omitted": "too large for a page"}
+            if not page.add(item):
+                break
+        end = start + len(page.items)
+        out.update(
+            version=version,
+            total=len(items),
+            items=page.items,
+            next_cursor=encode_cursor("list", end, version) if end < len(items) else None,
+        )
+        return out
+
+    def _text_page(self, collection: str, cursor: str | None) -> dict[str, Any]:
+        text = self.record.text(collection).read()
+        version = self._coll_version(collection)
+        out: dict[str, Any] = {"collection": collection, "kind": "text"}
+        start = 0
+        if cursor is not None:
+            start, at = decode_cursor(cursor, "text")
+            if not isinstance(start, int) or not 0 <= start <= len(text):
+                raise ToolFailure("INVALID_ARGUMENTS", "cursor out of range; omit it")
+            out["changed_since_cursor"] = at != version
+        size = max(1, (self.max_result_tokens - 60) * 3)  # characters: ~4 bytes a token
+        chunk = text[start : start + size]
+        while chunk and tokens_of(chunk) > self.max_result_tokens - 60:
+            chunk = chunk[: len(chunk) * 3 // 4]
+        end = start + len(chunk)
+        out.update(
+            version=version,
+            length=len(text),
+            offset=start,
+            text=chunk,
+            next_cursor=encode_cursor("text", end, version) if end < len(text) else None,
+        )
+        return out
+
+    async def _store_changes(self, a: A.StoreChanges) -> dict[str, Any]:
+        rec = self.record
+        await rec.sync()
+        changes = await rec.changes_since(a.since_version)
+        out: list[dict[str, Any]] = []
+        budget = self.max_result_tokens - 80
+        used = 0
+        last_complete = a.since_version
+        more = False
+        for seq, group in _by_seq(changes):
+            lines = [c for c in (self._change(ch) for ch in group) if c is not None]
+            cost = sum(tokens_of(line) for line in lines)
+            if out and used + cost > budget:
+                more = True
+                break
+            out.extend(lines)
+            used += cost
+            last_complete = seq
+        return {
+            "since_version": a.since_version,
+            "version": self._rec_version(),
+            "changes": out,
+            "more": more,
+            "next_since": last_complete if more else None,
+        }
+
+    def _change(self, ch: Change) -> dict[str, Any] | None:
+        view = self.view
+        keys = list(ch.keys)
+        if view is not None:
+            if not view.covers(ch.collection):
+                return None
+            if ch.kind == "map":
+                keys = [k for k in keys if view.allows(ch.collection, k)]
+                if not keys:
+                    return None
+            elif not view.allows(ch.collection):
+                return None
+        line: dict[str, Any] = {
+            "version": ch.seq,
+            "collection": ch.collection,
+            "kind": ch.kind,
+            "agent": ch.agent,
+            "source": ch.source,
+        }
+        if ch.kind == "map":
+            line["keys"] = keys[:50]
+            if len(keys) > 50:
+                line["more_keys"] = len(keys) - 50
+        else:
+            line["ops"] = [_op_summary(op) for op in ch.ops[:20]]
+            if len(ch.ops) > 20:
+                line["more_ops"] = len(ch.ops) - 20
+        return line
+
+    async def _store_history(self, a: A.StoreHistory) -> dict[str, Any]:
+        self._see(a.collection, a.key)
+        if self._kind(a.collection) not in (None, "map"):
+            raise ToolFailure("INVALID_ARGUMENTS", f"{a.collection!r} is not a map")
+        await self.record.flush()
+        entries = await self.record.history(a.collection, a.key)
+        start = 0
+        if a.cursor is not None:
+            start, _ = decode_cursor(a.cursor, "history")
+            if not isinstance(start, int) or not 0 <= start <= len(entries):
+                raise ToolFailure("INVALID_ARGUMENTS", "cursor out of range; omit it")
+        page = Page(self.max_result_tokens, 60, self.page_size)
+        for h in entries[start:]:
+            item: dict[str, Any] = {"version": h.provenance.seq}
+            item.update(provenance(h.provenance) or {})
+            if h.redacted:
+                item["redacted"] = True
+            elif h.deleted:
+                item["deleted"] = True
+            else:
+                item["value"] = jsonable(h.value)
+            if tokens_of(item) > self.max_result_tokens // 2:
+                item.pop("value", None)
+                item["value_omitted"] = "too large for a page"
+            if not page.add(item):
+                break
+        end = start + len(page.items)
+        return {
+            "collection": a.collection,
+            "key": a.key,
+            "total": len(entries),
+            "entries": page.items,
+            "next_cursor": encode_cursor("history", end, 0) if end < len(entries) else None,
+        }
+
+    async def _store_describe(self, a: A.StoreDescribe) -> dict[str, Any]:
+        rec = self.record
+        await rec.sync()
+        sizes = rec.size()
+        names = set(rec.collections())
+        names.update(n for n in sizes if n != "*")
+        declared = {n: rec.spec(n) for n in names}
+        collections: dict[str, Any] = {}
+        for name in sorted(names):
+            if self.view is not None and not self.view.covers(name):
+                continue
+            spec = declared.get(name)
+            kind = spec.kind if spec is not None else rec.collections().get(name)
+            info: dict[str, Any] = {"kind": kind, "version": self._coll_version(name)}
+            if spec is not None:
+                info.update(
+                    policy=spec.policy,
+                    conflict=spec.conflict,
+                    budgets={
+                        "max_entries": spec.max_entries,
+                        "max_bytes": spec.max_bytes,
+                        "max_value_bytes": spec.max_value_bytes,
+                    },
+                    model=spec.model.model_json_schema() if spec.model is not None else None,
+                )
+            else:
+                info.update(policy="open", conflict="lww", budgets=None, model=None)
+            info["size"] = sizes.get(name, {"entries": 0, "bytes": 0, "tokens": 0})
+            collections[name] = info
+        return {
+            "run": rec.run,
+            "agent": rec.agent,
+            "source": self.source,
+            "read_only": self.read_only,
+            "view": self.view.patterns if self.view is not None else None,
+            "version": self._rec_version(),
+            "collections": collections,
+            "size": sizes.get("*"),
+            "claims": [f"{c}/{i}" for c, i in self._claims],
+            "leases": [
+                {"lease_id": lid, "resources": list(lease.resources)}
+                for lid, lease in self._leases.items()
+            ],
+            "max_result_tokens": self.max_result_tokens,
+        }
+
+    # -- writes ---------------------------------------------------------------------------------
+
+    async def _store_put(self, a: A.StorePut) -> dict[str, Any]:
+        self._see(a.collection, a.key)
+        rec = self.record
+        m = rec.map(a.collection)
+        based = None if a.based_on is None else Version(scope=a.collection, seq=a.based_on)
+        await m.set(
+            a.key, a.value, expected_version=a.expected_version, based_on=based,
+            lease=self._fence(a.collection, a.key),
+        )  # fmt: skip
+        await rec.flush()
+        return self._written(a.collection, a.key)
+
+    async def _store_delete(self, a: A.StoreDelete) -> dict[str, Any]:
+        self._see(a.collection, a.key)
+        rec = self.record
+        existed = await rec.map(a.collection).delete(
+            a.key, expected_version=a.expected_version, lease=self._fence(a.collection, a.key)
+        )
+        await rec.flush()
+        out = self._written(a.collection, a.key)
+        out["deleted"] = existed
+        return out
+
+    def _written(self, collection: str, key: str) -> dict[str, Any]:
+        return {
+            "ok": True,
+            "collection": collection,
+            "key": key,
+            "version": self.record.version(collection, key) or 0,
+            "collection_version": self._coll_version(collection),
+        }
+
+    async def _store_append(self, a: A.StoreAppend) -> dict[str, Any]:
+        self._see_all(a.collection)
+        rec = self.record
+        lst = rec.list(a.collection)
+        await lst.append(a.value)
+        await rec.flush()
+        return {
+            "ok": True,
+            "collection": a.collection,
+            "length": len(lst),
+            "collection_version": self._coll_version(a.collection),
+        }
+
+    async def _store_text_edit(self, a: A.StoreTextEdit) -> dict[str, Any]:
+        self._see_all(a.collection)
+        rec = self.record
+        text = rec.text(a.collection)
+        await rec.sync()  # edit what is there now, not what this replica saw last
+        before = text.read()
+        after = _plan_edits(before, a.edits, self._coll_version(a.collection))
+        await text.edit(after)  # one write: the minimal character edits, checked as one
+        await rec.flush()
+        return {
+            "ok": True,
+            "collection": a.collection,
+            "edits": len(a.edits),
+            "length": len(after),
+            "collection_version": self._coll_version(a.collection),
+        }
+
+    # -- claims and leases ----------------------------------------------------------------------
+
+    async def _store_claim(self, a: A.StoreClaim) -> dict[str, Any]:
+        self._see(a.collection, a.item)
+        held = self._claims.get((a.collection, a.item))
+        if held is None or not held.lease.granted:
+            resource = item_resource(a.collection, a.item)
+            try:
+                held = await self.record.claim(a.collection, a.item, ttl=a.ttl)
+            except LeaseHeld as exc:
+                raise await self._held(exc, [resource]) from None
+            self._claims[(a.collection, a.item)] = held
+        await self.record.flush()
+        return {
+            "ok": True,
+            "collection": a.collection,
+            "item": a.item,
+            "token": held.token,
+            "ttl": held.lease.ttl,
+        }
+
+    def _claim_of(self, collection: str, item: str) -> Claim:
+        claim = self._claims.pop((collection, item), None)
+        if claim is None:
+            raise ToolFailure(
+                "LEASE_NOT_FOUND",
+                f"this agent holds no claim on {collection}/{item}: store_claim it first",
+                collection=collection, item=item,
+            )  # fmt: skip
+        return claim
+
+    async def _store_complete(self, a: A.StoreComplete) -> dict[str, Any]:
+        claim = self._claim_of(a.collection, a.item)
+        await claim.complete(a.result)
+        await self.record.flush()
+        return {"ok": True, "collection": a.collection, "item": a.item, "state": "done"}
+
+    async def _store_release(self, a: A.StoreRelease) -> dict[str, Any]:
+        claim = self._claim_of(a.collection, a.item)
+        await claim.release()
+        await self.record.flush()
+        return {"ok": True, "collection": a.collection, "item": a.item, "state": "released"}
+
+    async def _lease_acquire(self, a: A.LeaseAcquire) -> dict[str, Any]:
+        lease = self._store.lease(
+            a.resources, ttl=a.ttl, owner=self.record.agent, wait=a.wait_seconds > 0,
+            timeout=a.wait_seconds if a.wait_seconds > 0 else None,
+        )  # fmt: skip
+        try:
+            await lease.acquire()
+        except (LeaseHeld, LeaseTimeout) as exc:
+            raise await self._held(exc, lease.resources) from None
+        self._leases[lease.lease_id] = lease
+        return {
+            "ok": True,
+            "lease_id": lease.lease_id,
+            "resources": list(lease.resources),
+            "token": lease.token,
+            "ttl": lease.ttl,
+            "waited": round(lease.waited, 3),
+        }
+
+    async def _lease_release(self, a: A.LeaseRelease) -> dict[str, Any]:
+        lease = self._leases.pop(a.lease_id, None)
+        if lease is None:
+            raise ToolFailure(
+                "LEASE_NOT_FOUND", f"this agent holds no lease {a.lease_id[:80]!r}",
+                held=list(self._leases),
+            )  # fmt: skip
+        await lease.release()
+        return {"ok": True, "lease_id": a.lease_id, "released": list(lease.resources)}
+
+
+# -- pure helpers --------------------------------------------------------------------------------
+
+
+def _failure(code: str, message: str, **fields: Any) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, **fields}}
+
+
+def _arguments(arguments: Mapping[str, Any] | str | bytes | None) -> Any:
+    if arguments is None:
+        return {}
+    if isinstance(arguments, (str, bytes)):
+        if len(arguments) > MAX_ARGUMENT_BYTES:
+            raise ToolFailure(
+                "PAYLOAD_TOO_LARGE", f"arguments over {MAX_ARGUMENT_BYTES} bytes",
+                limit=MAX_ARGUMENT_BYTES,
+            )  # fmt: skip
+        try:
+            arguments = json.loads(arguments)
+        except (ValueError, UnicodeError) as exc:
+            raise ToolFailure("INVALID_ARGUMENTS", f"arguments are not JSON: {exc}") from None
+    if not isinstance(arguments, Mapping):
+        raise ToolFailure(
+            "INVALID_ARGUMENTS", f"arguments must be a JSON object, not {type(arguments).__name__}"
+        )
+    return dict(arguments)
+
+
+def _first_error(exc: ValidationError) -> str:
+    errors = exc.errors(include_url=False)
+    if not errors:
+        return str(exc)
+    first = errors[0]
+    loc = ".".join(str(p) for p in first["loc"]) or "arguments"
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{loc}: {first['msg']}{more}"
+
+
+def _put_value(out: dict[str, Any], value: Any) -> None:
+    """``value`` into a result: a keep_all conflict as its siblings, each with who wrote it."""
+    if isinstance(value, Conflict):
+        out["value"] = None
+        out["conflict"] = True
+        out["siblings"] = [
+            {"value": jsonable(s.value), "agent": s.agent, "source": s.source,
+             "wall_time": s.wall_time}
+            for s in value.siblings
+        ]  # fmt: skip
+    else:
+        out["value"] = jsonable(value)
+
+
+def _occurrences(text: str, find: str) -> list[int]:
+    """Every start of ``find`` in ``text``, overlapping ones included."""
+    out: list[int] = []
+    i = text.find(find)
+    while i >= 0 and len(out) < 2:
+        out.append(i)
+        i = text.find(find, i + 1)
+    return out
+
+
+def _plan_edits(text: str, edits: list[A.FindReplace | A.Splice], version: int) -> str:
+    """The text after ``edits``, applied in order; refuses (EDIT_REFUSED) the whole call if
+    one ``find`` is absent or ambiguous, or a splice is out of range."""
+    for n, edit in enumerate(edits):
+        if isinstance(edit, A.FindReplace):
+            found = _occurrences(text, edit.find)
+            if len(found) != 1:
+                reason = "not_found" if not found else "ambiguous"
+                raise ToolFailure(
+                    "EDIT_REFUSED",
+                    f"edit {n}: `find` text "
+                    + ("does not occur" if not found else "occurs more than once")
+                    + " in the text; re-read it and make `find` unique",
+                    reason=reason, edit=n, current={"version": version, "length": len(text)},
+                )  # fmt: skip
+            at = found[0]
+            text = text[:at] + edit.replace + text[at + len(edit.find) :]
+        else:
+            if edit.at + edit.delete > len(text):
+                raise ToolFailure(
+                    "EDIT_REFUSED",
+                    f"edit {n}: {edit.delete} characters at {edit.at} pass the end of the text"
+                    f" ({len(text)} characters)",
+                    reason="out_of_range", edit=n,
+                    current={"version": version, "length": len(text)},
+                )  # fmt: skip
+            text = text[: edit.at] + edit.insert + text[edit.at + edit.delete :]
+    return text
+
+
+def _by_seq(changes: list[Change]) -> Iterable[tuple[int, list[Change]]]:
+    group: list[Change] = []
+    seq: int | None = None
+    for ch in changes:
+        if group and ch.seq != seq:
+            yield seq or 0, group
+            group = []
+        seq = ch.seq
+        group.append(ch)
+    if group:
+        yield seq or 0, group
+
+
+def _op_summary(op: tuple[Any, ...]) -> list[Any]:
+    """A list or text op without its payload: ``["ins", index, count]``, ``["del", ...]``."""
+    _, _, verb, index, arg = op[:5]
+    if verb == "ins":
+        return ["ins", index, len(arg)]
+    return [verb, index, arg]
