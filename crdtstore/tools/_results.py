@@ -24,7 +24,7 @@ DEFAULT_MAX_RESULT_TOKENS = 4_000
 DEFAULT_PAGE_SIZE = 100
 
 
-class ToolFailure(Exception):  # noqa: N818 - a control-flow signal, not a domain error
+class ToolFailure(Exception):
     """Raised inside a tool to return ``{"error": error}``; never leaves the toolset."""
 
     def __init__(self, code: str, message: str, **fields: Any) -> None:
@@ -113,12 +113,7 @@ def decode_cursor(cursor: str, kind: str) -> tuple[Any, int]:
     try:
         padded = cursor + "=" * (-len(cursor) % 4)
         got = json.loads(base64.urlsafe_b64decode(padded.encode()))
-        if (
-            isinstance(got, list)
-            and len(got) == 3
-            and got[0] == kind
-            and isinstance(got[2], int)
-        ):
+        if isinstance(got, list) and len(got) == 3 and got[0] == kind and isinstance(got[2], int):
             return got[1], got[2]
     except (ValueError, binascii.Error, UnicodeError):
         pass

@@ -12,7 +12,7 @@ dropped), because not every vendor resolves references.
 from __future__ import annotations
 
 import copy
-from functools import lru_cache
+from functools import cache
 from typing import Any, Literal
 
 from ._args import TOOLS, ToolSpec
@@ -38,7 +38,7 @@ def _inline(node: Any, defs: dict[str, Any]) -> Any:
     return node
 
 
-@lru_cache(maxsize=None)
+@cache
 def _parameters(name: str) -> dict[str, Any]:
     model = TOOLS[name].args
     raw = model.model_json_schema()
@@ -60,7 +60,7 @@ def description(spec: ToolSpec) -> str:
     return " ".join(doc.split())
 
 
-def annotations(spec: ToolSpec) -> dict[str, bool]:
+def tool_annotations(spec: ToolSpec) -> dict[str, bool]:
     """MCP tool annotations (hints for clients: which tools only read)."""
     return {
         "readOnlyHint": not spec.writes,
@@ -90,6 +90,6 @@ def tool_schema(spec: ToolSpec, fmt: str) -> dict[str, Any]:
             "name": spec.name,
             "description": desc,
             "inputSchema": params,
-            "annotations": annotations(spec),
+            "annotations": tool_annotations(spec),
         }
     raise ValueError(f"format must be one of {list(FORMATS)}, not {fmt!r}")

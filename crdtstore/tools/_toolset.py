@@ -14,6 +14,7 @@ fence every write to a key they cover, and are released by :meth:`Toolset.aclose
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -48,7 +49,7 @@ from ._results import (
     tokens_of,
     validation_errors,
 )
-from ._schemas import FORMATS, annotations, tool_schema
+from ._schemas import FORMATS, tool_annotations, tool_schema
 
 if TYPE_CHECKING:
     from .._leases import Lease
@@ -113,7 +114,7 @@ class Toolset:
         """The tools' names (a contract: they never change)."""
         return A.TOOL_NAMES
 
-    def schemas(self, format: str = "openai") -> list[dict[str, Any]]:  # noqa: A002
+    def schemas(self, format: str = "openai") -> list[dict[str, Any]]:
         """Every tool in a vendor's format: ``openai`` (function tools), ``anthropic``
         (``input_schema``) or ``mcp`` (``inputSchema``).
 
@@ -127,7 +128,7 @@ class Toolset:
     @staticmethod
     def annotations(name: str) -> dict[str, bool]:
         """MCP hints for tool ``name`` (``readOnlyHint``, ``destructiveHint``, ...)."""
-        return annotations(A.TOOLS[name])
+        return tool_annotations(A.TOOLS[name])
 
     @staticmethod
     def is_error(result: Mapping[str, Any]) -> bool:
@@ -221,9 +222,7 @@ class Toolset:
 
     def _see_all(self, collection: str) -> None:
         if self.view is not None and not self.view.allows(collection):
-            raise PolicyViolation(
-                "scope", self.record.agent, collection, None, "outside this view"
-            )
+            raise PolicyViolation("scope", self.record.agent, collection, None, "outside this view")
 
     def _keys_visible(self, collection: str) -> Any:
         view = self.view
@@ -236,12 +235,11 @@ class Toolset:
         by it, so a lease lost meanwhile refuses the write (LEASE_LOST)."""
         if not self._leases and not self._claims:
             return None
-        wanted = set()
-        for make in (lambda: canonical_resource(key), lambda: item_resource(collection, key)):
-            try:
-                wanted.add(make())
-            except CrdtStoreError:
-                pass
+        wanted: set[str] = set()
+        with contextlib.suppress(CrdtStoreError):
+            wanted.add(canonical_resource(key))  # the key as a repo path
+        with contextlib.suppress(CrdtStoreError):
+            wanted.add(item_resource(collection, key))  # the key as a work item
         for lease in [*self._leases.values(), *(c.lease for c in self._claims.values())]:
             if wanted.intersection(lease.resources):
                 return lease
@@ -341,7 +339,7 @@ class Toolset:
                 raise ToolFailure("INVALID_ARGUMENTS", "malformed cursor; omit it")
             out["changed_since_cursor"] = at != version
         visible = self._keys_visible(collection)
-        keys = sorted(k for k in m.keys() if visible is None or visible(k))
+        keys = sorted(k for k in m if visible is None or visible(k))
         page = Page(self.max_result_tokens, 60, self.page_size)
         rest = [k for k in keys if after is None or k > after]
         for key in rest:
