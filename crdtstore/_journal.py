@@ -2,9 +2,10 @@
 
 A journal is, per run, a sequence of entries numbered 1, 2, 3, ... (the journal position,
 ``seq``). Each entry is one local transaction of one record: its pycrdt v1 update bytes, who
-wrote it (agent, source kind, the writing Doc's client id), when (wall time), a checksum, and its
-*effect*: the operations it made, as JSON (used for history, change notification and audit
-without decoding update bytes).
+wrote it (agent, source kind, the writing Doc's client id, and the tool call it was made for,
+if any: ``call``, see ``Record.attributed``), when (wall time), a checksum, and its *effect*:
+the operations it made, as JSON (used for history, change notification and audit without
+decoding update bytes).
 
 An effect is a list of operations, each a list::
 
@@ -30,12 +31,32 @@ from typing import Any, Literal, NamedTuple, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
+from ._errors import InvalidValue
+
 T = TypeVar("T")
 
 Source = Literal["tool", "model", "user", "system"]
 SOURCES: frozenset[str] = frozenset(("tool", "model", "user", "system"))
 Durability = Literal["durable", "batched"]
 Op = list[Any]
+
+
+MAX_CALL = 256  # characters of a tool-call id (``call``)
+
+
+def check_call(call: object) -> str:
+    """A valid tool-call id (``""``: none): a string of at most :data:`MAX_CALL` characters
+    without NUL.
+
+    Raises:
+        InvalidValue: anything else.
+    """
+    if type(call) is not str or len(call) > MAX_CALL or "\x00" in call:
+        shown = repr(call) if len(repr(call)) <= 80 else repr(call)[:77] + "..."
+        raise InvalidValue(
+            f"call must be a string of at most {MAX_CALL} characters without NUL, not {shown}"
+        )
+    return call
 
 
 checksum: Callable[[bytes], int] = zlib.crc32
@@ -46,7 +67,8 @@ itself, without a Python frame around it (it runs once per entry on the write pa
 class NewEntry(NamedTuple):
     """An entry about to be appended (no journal position yet).
 
-    ``origin`` is the nested run that wrote it ("" for the journal's own run).
+    ``origin`` is the nested run that wrote it ("" for the journal's own run); ``call`` the
+    tool-call id it was written for ("" for none).
     """
 
     agent: str
@@ -57,6 +79,7 @@ class NewEntry(NamedTuple):
     effect: list[Op]
     checksum: int
     origin: str = ""
+    call: str = ""
 
 
 class Row(NamedTuple):
@@ -71,6 +94,7 @@ class Row(NamedTuple):
     effect: list[Op]
     checksum: int
     origin: str = ""
+    call: str = ""
 
 
 class SnapshotRow(NamedTuple):
@@ -97,7 +121,11 @@ class RunRow(NamedTuple):
 
 
 class JournalEntry(BaseModel):
-    """One journal entry, as the public API returns it."""
+    """One journal entry, as the public API returns it.
+
+    ``call`` is the tool-call id the entry was written for (``Record.attributed``), ``""``
+    when none.
+    """
 
     model_config = ConfigDict(frozen=True)
 
@@ -111,6 +139,7 @@ class JournalEntry(BaseModel):
     effect: list[Op]
     update: bytes
     origin_run: str
+    call: str = ""
 
     @classmethod
     def from_row(cls, run: str, row: Row) -> JournalEntry:
@@ -125,6 +154,7 @@ class JournalEntry(BaseModel):
             size=len(row.update),
             effect=row.effect,
             update=row.update,
+            call=row.call,
         )
 
 

@@ -11,6 +11,9 @@ class Provenance(BaseModel):
     """Who wrote a value, as what, when, and where it sits in the journal.
 
     ``seq`` is None while the write is not yet in the journal (a batched write before flush).
+    ``call`` is the tool-call id the write was made for (``Record.attributed``), as the
+    journal holds it: ``history`` sets it (None when the entry has none); the live
+    provenance index (``Record.provenance``) does not keep call ids, so it is None there.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -20,6 +23,7 @@ class Provenance(BaseModel):
     source: str
     wall_time: float
     seq: int | None
+    call: str | None = None
 
 
 class HistoryEntry(BaseModel):

@@ -43,7 +43,16 @@ from ._errors import (
     StoreClosed,
 )
 from ._heap import release_free_memory
-from ._journal import SOURCES, Authority, Durability, JournalEntry, NewEntry, Op, checksum
+from ._journal import (
+    SOURCES,
+    Authority,
+    Durability,
+    JournalEntry,
+    NewEntry,
+    Op,
+    check_call,
+    checksum,
+)
 from ._models import Change, HistoryEntry, Provenance, Version
 from ._names import check_name
 from ._replica import _EMPTY_UPDATES, Meta, Replica, now, policed
@@ -171,6 +180,9 @@ class Record:
         self._commit_lock = anyio.Lock(fast_acquire=True)
         self._failure: BaseException | None = None
         self._read_only: ReadOnlyAccess | None = None  # writes refused before any change
+        # the backend attributes every write itself (ws://: the token's agent and source):
+        # a source given to attributed() is not applied (the hub journals the token's)
+        self._named_by_backend = False
         # journal positions of entries made on a scratch copy (remote guarded writes) that
         # are applied already: the tail must not apply them again (see _write_guarded_remote)
         self._applied_foreign: set[int] = set()
@@ -207,6 +219,7 @@ class Record:
         identity = await self._backend.identity(self.tenant, self.run)
         if identity is not None:  # the backend names the writer (ws://: the token's agent)
             self.agent, self.source = identity
+            self._named_by_backend = True
         if await self._backend.read_only(self.tenant, self.run):
             self._read_only = ReadOnlyAccess(self.tenant, self.run)
         # a nested run shares the record of its root run, under its own attribution
@@ -459,6 +472,58 @@ class Record:
         """
         return _Transaction(self)
 
+    def attributed(self, *, source: str | None = None, call: str | None = None) -> _Attributed:
+        """Attribute the writes made to this record inside the block to a source kind other
+        than the record's, and to a tool call, in their journal entries::
+
+            with rec.attributed(source="tool", call="call_1"):
+                await rec.map("m").set("k", 1)
+
+        A synchronous context manager over a context variable: it applies to the writes
+        that the current task (and the tasks it starts inside the block) makes to this
+        record while the block is open, whatever their kind (map, list and text writes,
+        guarded and fenced writes, :meth:`claim` and :meth:`Claim.complete`,
+        :meth:`apply_update`); writes of other tasks, and of other records, are not
+        affected. A transaction's single entry carries the attribution in effect when the
+        transaction opened. A block nested in another one of the same record keeps what it
+        does not give (``source`` or ``call``) from the outer one.
+
+        ``call`` lands in each entry's ``call`` (``journal()``, ``history()`` as
+        ``provenance.call``); ``source`` replaces the record's source kind in the entry and
+        in the provenance of what it wrote. On a store that names the writer itself
+        (``ws://``: the token's agent and source) ``source`` is not applied: the hub
+        journals the token's; ``call`` is sent with the entry and journaled.
+
+        Args:
+            source: one of ``tool``, ``model``, ``user``, ``system`` (None: the record's).
+            call: the tool-call id: a string of at most 256 characters, no NUL (None: the
+                outer block's, else none).
+
+        Raises:
+            InvalidValue: an unknown source kind or a bad call id (nothing changes).
+        """
+        if source is not None and (type(source) is not str or source not in SOURCES):
+            raise InvalidValue(f"source must be one of {sorted(SOURCES)}, not {source!r}")
+        if call is not None:
+            check_call(call)
+        return _Attributed(self, source, call)
+
+    def _new_meta(self, wall: float) -> Meta:
+        """The provenance of an entry this record makes now (see :meth:`attributed`)."""
+        attr = _ATTR.get()
+        if attr is None:
+            return Meta(self.agent, self.source, wall, None, self._origin)
+        return self._attributed_meta(wall, attr)
+
+    def _attributed_meta(self, wall: float, attr: dict[Record, tuple[str | None, str]]) -> Meta:
+        got = attr.get(self)
+        if got is None:  # a block of another record
+            return Meta(self.agent, self.source, wall, None, self._origin)
+        source, call = got
+        if source is None or self._named_by_backend:
+            source = self.source
+        return Meta(self.agent, source, wall, None, self._origin, call)
+
     async def _write(self, ops: _List[Op], apply: Callable[[], None]) -> None:
         """Apply a validated local write and queue its journal entry."""
         if self._state != "open" or self._failure is not None or self._read_only is not None:
@@ -498,7 +563,13 @@ class Record:
         usage = self._enforce(ops, conditional=False) if self._specs else None
         # tuple.__new__ skips the namedtuple's Python-level __new__ (a third of a write's
         # bookkeeping on this path)
-        meta: Meta = _tuple_new(Meta, (self.agent, self.source, _time(), None, self._origin))
+        attr = _ATTR.get()  # (one context variable read per write: ~50 ns)
+        if attr is None:
+            meta: Meta = _tuple_new(
+                Meta, (self.agent, self.source, _time(), None, self._origin, "")
+            )
+        else:
+            meta = self._attributed_meta(_time(), attr)
         replica = self.replica
         try:
             if apply is None:
@@ -775,7 +846,7 @@ class Record:
                             scope = None if based_on.scope == "*" else based_on.scope
                             raise StaleVersion(scope or "*", None, based_on.seq, now_seq)
                     usage = self._enforce(ops, conditional=True) if self._specs else None
-                    meta = Meta(self.agent, self.source, _time(), None, self._origin)
+                    meta = self._new_meta(_time())
                     try:
                         update = self.replica.local(ops, apply, meta)
                     except BaseException:
@@ -797,7 +868,7 @@ class Record:
             self._written += 1
             self._mark_committed_guarded(ops, meta, own[0])
             if self._subscribers:
-                self._emit(ops, self.agent, self.source, own[0], local=True)
+                self._emit(ops, meta.agent, meta.source, own[0], local=True)
             return own[0]
 
     async def _write_guarded_remote(
@@ -835,7 +906,7 @@ class Record:
                     elif op[3] in root:
                         del root[op[3]]
 
-            meta = Meta(self.agent, self.source, _time(), None, self._origin)
+            meta = self._new_meta(_time())
             update = scratch.local(ops, apply, meta)
             guard: dict[str, Any] = {}
             if expected is not None:
@@ -845,7 +916,9 @@ class Record:
             if fence is not None:
                 guard["fence"] = (fence[0].lease_id, fence[0].token, fence[1])
             empty = b"\x00\x00"  # nothing to change: the server only checks the guard
-            entry = scratch.entry(meta.agent, meta.source, update or empty, ops, meta.wall_time)
+            entry = scratch.entry(
+                meta.agent, meta.source, update or empty, ops, meta.wall_time, call=meta.call
+            )
             try:
                 seq: int = await self._backend.append_guarded(  # type: ignore[attr-defined]
                     self.tenant, self._jrun, entry, **guard
@@ -865,7 +938,7 @@ class Record:
             self._written += 1
             self._mark_committed_guarded(ops, meta, seq)
             if self._subscribers:
-                self._emit(ops, self.agent, self.source, seq, local=True)
+                self._emit(ops, meta.agent, meta.source, seq, local=True)
             return seq
 
     async def _adopt_version(self, exc: StaleVersion) -> None:
@@ -899,6 +972,7 @@ class Record:
         expected: tuple[str, str, int] | None = None,
         based_on: tuple[str, int] | None = None,
         fence: tuple[str, int, str] | None = None,
+        call: str = "",
     ) -> int:
         """:meth:`_append_externals` of one update: its journal position."""
         (seq,) = await self._append_externals(
@@ -908,6 +982,7 @@ class Record:
             expected=expected,
             based_on=based_on,
             fence=fence,
+            calls=[call],
         )
         return seq
 
@@ -920,10 +995,13 @@ class Record:
         expected: tuple[str, str, int] | None = None,
         based_on: tuple[str, int] | None = None,
         fence: tuple[str, int, str] | None = None,
+        calls: Sequence[str] | None = None,
     ) -> _List[int]:
         """Apply and journal update bytes made by another writer (a ``ws://`` client whose
         entries the hub journals), one entry each, as this record's agent; return their
-        journal positions.
+        journal positions. ``calls`` (one per update, or None) are the tool-call ids the
+        entries carry (the writer's say-so: a label, as ``client_id``; checked with
+        :func:`~crdtstore._journal.check_call`).
 
         Like :meth:`_write_guarded`, inside one authority transaction: our pending entries
         go first, entries not seen yet are applied, then the guards are checked
@@ -944,6 +1022,7 @@ class Record:
 
         Raises:
             InvalidUpdate, PayloadTooLarge: bad bytes (nothing changes).
+            InvalidValue: a bad call id, or not one per update (nothing changes).
             StaleVersion, LeaseLost: a guard failed (nothing changes).
             PolicyViolation, BudgetExceeded: an effect is refused (nothing changes).
             BackendError: the journal could not be written (unguarded: the entries stay
@@ -951,10 +1030,17 @@ class Record:
                 the append journals nothing twice).
         """
         self._check_open()
+        if calls is not None:
+            if len(calls) != len(updates):
+                raise InvalidValue(f"{len(calls)} call ids for {len(updates)} updates")
+            for call in calls:
+                check_call(call)
+            if not any(calls):
+                calls = None
         for update in updates:
             self.replica.check_update(update)
         if expected is None and based_on is None and fence is None:
-            fast = await self._append_fast(updates, client_id, durable)
+            fast = await self._append_fast(updates, client_id, durable, calls)
             if fast is not None:
                 return fast
         return await self._append_slow(
@@ -964,10 +1050,15 @@ class Record:
             expected=expected,
             based_on=based_on,
             fence=fence,
+            calls=calls,
         )
 
     async def _append_fast(
-        self, updates: Sequence[bytes], client_id: int, durable: bool
+        self,
+        updates: Sequence[bytes],
+        client_id: int,
+        durable: bool,
+        calls: Sequence[str] | None = None,
     ) -> _List[int] | None:
         """An unguarded :meth:`_append_externals` as a local write: None if it cannot be
         taken (nothing done then; the caller takes the authority path).
@@ -1005,14 +1096,20 @@ class Record:
             if update in _EMPTY_UPDATES:  # nothing to journal (as _append_slow answers)
                 wait.seqs[i] = 0
                 continue
-            meta = Meta(self.agent, self.source, _time(), None, self._origin)
+            call = "" if calls is None else calls[i]
+            meta = Meta(self.agent, self.source, _time(), None, self._origin, call)
             before = self.replica.doc.get_state()
             self._invalidate_all()
             ops, delta = self.replica.apply_external(update, meta, checked=True)
             if delta is None and self.replica.doc.get_state() == before:
                 # held already: a retry (its entry may be pending, or journaled) or bytes of
                 # another writer; the authority path journals the queue and looks it up
-                rest = await self._append_slow(updates[i:], client_id=client_id, durable=durable)
+                rest = await self._append_slow(
+                    updates[i:],
+                    client_id=client_id,
+                    durable=durable,
+                    calls=None if calls is None else calls[i:],
+                )
                 del wait.seqs[i:]
                 break
             self._fast[id(meta)] = (wait, i, client_id)
@@ -1037,6 +1134,7 @@ class Record:
         expected: tuple[str, str, int] | None = None,
         based_on: tuple[str, int] | None = None,
         fence: tuple[str, int, str] | None = None,
+        calls: Sequence[str] | None = None,
     ) -> _List[int]:
         """:meth:`_append_externals` inside one authority transaction (its checks done)."""
         if expected is not None:
@@ -1079,14 +1177,15 @@ class Record:
                         self._account(self._enforce(ops, conditional=guarded))
                 finally:
                     self._invalidate_all()  # budgets are measured again from the document
-            for update in updates:
+            for i, update in enumerate(updates):
                 if update in _EMPTY_UPDATES:  # a guarded write that changes nothing
                     found = 0
                     if expected is not None:
                         found = self._version_with(expected[0], expected[1], batch, seqs) or 0
                     out.append(found)
                     continue
-                meta = Meta(self.agent, self.source, _time(), None, self._origin)
+                call = "" if calls is None else calls[i]
+                meta = Meta(self.agent, self.source, _time(), None, self._origin, call)
                 before = self.replica.doc.get_state()
                 self._invalidate_all()
                 ops, delta = self.replica.apply_external(update, meta, checked=True)
@@ -1104,6 +1203,7 @@ class Record:
                     ops,
                     checksum(update),
                     self._origin,
+                    call,
                 )
                 (seq,) = await auth.append([entry])
                 out.append(seq)
@@ -1266,7 +1366,7 @@ class Record:
             self._committer_idle = False
             self._pending_event.set()
         if self._subscribers:
-            self._emit(ops, self.agent, self.source, None, local=True)
+            self._emit(ops, meta.agent, meta.source, None, local=True)
 
     async def _after_write(self) -> None:
         if self.durability == "durable":
@@ -1351,13 +1451,13 @@ class Record:
             out = []
             for u, ops, meta in batch:
                 hit = fast.get(id(meta))
-                agent, source, wall, _, run = meta
+                agent, source, wall, _, run, call = meta
                 label = cid if hit is None else hit[2]
-                out.append(new(NewEntry, (agent, source, label, wall, u, ops, crc(u), run)))
+                out.append(new(NewEntry, (agent, source, label, wall, u, ops, crc(u), run, call)))
             return out
         return [
-            new(NewEntry, (agent, source, cid, wall, u, ops, crc(u), run))
-            for u, ops, (agent, source, wall, _, run) in batch
+            new(NewEntry, (agent, source, cid, wall, u, ops, crc(u), run, call))
+            for u, ops, (agent, source, wall, _, run, call) in batch
         ]
 
     def _mark_committed(
@@ -1523,7 +1623,7 @@ class Record:
             scratch = self.replica.trial_copy()
             ops = policed(scratch.apply_external(update, register=True, checked=True)[0])
             self._enforce(ops, conditional=False)
-        meta = Meta(self.agent, self.source, now(), None, self._origin)
+        meta = self._new_meta(now())
         self._invalidate_all()
         ops, delta = self.replica.apply_external(update, meta, register=True, checked=True)
         # Journal what was given, not only the delta the document reports: pycrdt integrates
@@ -1609,7 +1709,10 @@ class Record:
     # -- provenance -----------------------------------------------------------------------------
 
     def provenance(self, collection: str, key: str) -> Provenance | None:
-        """Who wrote the current value of ``collection[key]`` (None if never written)."""
+        """Who wrote the current value of ``collection[key]`` (None if never written).
+
+        Without the tool-call id (``call`` is None): the live index does not keep call ids;
+        :meth:`history` reads them from the journal."""
         meta = self.replica.meta(collection, key)
         if meta is None:
             return None
@@ -1747,6 +1850,40 @@ class Claim:
 # transaction.)
 _TXN: ContextVar[object | None] = ContextVar("crdtstore_transaction", default=None)
 
+# The open attributed() blocks of the running code: record -> (source or None, call id).
+# None (no block open) is what almost every write reads; a new dict per block entered.
+_ATTR: ContextVar[dict[Record, tuple[str | None, str]] | None] = ContextVar(
+    "crdtstore_attribution", default=None
+)
+
+
+class _Attributed:
+    """The context manager of :meth:`Record.attributed`."""
+
+    __slots__ = ("_call", "_rec", "_source", "_token")
+
+    def __init__(self, rec: Record, source: str | None, call: str | None) -> None:
+        self._rec = rec
+        self._source = source
+        self._call = call
+        self._token: Token[dict[Record, tuple[str | None, str]] | None] | None = None
+
+    def __enter__(self) -> Record:
+        rec = self._rec
+        outer = _ATTR.get()
+        source, call = (None, "") if outer is None else outer.get(rec, (None, ""))
+        if self._source is not None:
+            source = self._source
+        if self._call is not None:
+            call = self._call
+        self._token = _ATTR.set({**(outer or {}), rec: (source, call)})
+        return rec
+
+    def __exit__(self, *exc: object) -> None:
+        token, self._token = self._token, None
+        if token is not None:
+            _ATTR.reset(token)
+
 
 class _Transaction:
     def __init__(self, rec: Record) -> None:
@@ -1765,7 +1902,7 @@ class _Transaction:
         self._token = _TXN.set(self)
         rec._txn_idle = anyio.Event()
         rec._txn_ops = []
-        rec._txn_meta = Meta(rec.agent, rec.source, now(), None, rec._origin)
+        rec._txn_meta = rec._new_meta(now())  # (the attribution in effect when it opens)
         rec.replica.begin()
         return rec
 

@@ -73,7 +73,8 @@ class Meta(NamedTuple):
     A tuple of atomic values, so that the garbage collector stops tracking it. ``seq`` is None
     until the entry is journaled: until then the provenance index points at this object
     (one per entry, shared by every key it wrote); once the position is known the index holds
-    just the position and the replica's :class:`_EntryTable` the rest.
+    just the position and the replica's :class:`_EntryTable` the rest (without ``call``: the
+    live index does not keep tool-call ids, the journal does).
     """
 
     agent: str
@@ -81,6 +82,7 @@ class Meta(NamedTuple):
     wall_time: float
     seq: int | None
     run: str = ""  # the nested run that wrote it; "" for the journal's own run
+    call: str = ""  # the tool-call id it was written for (Record.attributed); "" for none
 
     def as_list(self) -> list[Any]:
         return [self.seq, self.agent, self.source, self.wall_time, self.run]
@@ -825,7 +827,7 @@ class Replica:
                         keys[op[3]] = seq
                         held = True
             if held:
-                agent, source, wall, _, run = meta
+                agent, source, wall, _, run, _ = meta
                 if seq <= last:
                     table.add(seq, agent, source, wall, run)
                 else:  # the usual case: append, the (agent, source, run) shared
@@ -1026,9 +1028,18 @@ class Replica:
         self._kinds[name] = kind
 
     def entry(
-        self, agent: str, source: str, update: bytes, ops: list[Op], wall: float, origin: str = ""
+        self,
+        agent: str,
+        source: str,
+        update: bytes,
+        ops: list[Op],
+        wall: float,
+        origin: str = "",
+        call: str = "",
     ) -> NewEntry:
-        return NewEntry(agent, source, self.client_id, wall, update, ops, checksum(update), origin)
+        return NewEntry(
+            agent, source, self.client_id, wall, update, ops, checksum(update), origin, call
+        )
 
     # -- applying entries from elsewhere -------------------------------------------------------
 

@@ -412,6 +412,7 @@ class Store:
                 source=row.source,
                 wall_time=row.wall_time,
                 seq=row.seq,
+                call=row.call or None,
             )
             for op in row.effect:
                 if op[0] == "map" and op[1] == collection and op[3] == key:

@@ -20,13 +20,13 @@ from typing import Any
 import anyio
 
 from ._errors import UnknownRun
-from ._journal import JournalBackend, NewEntry, SnapshotRow, checksum
+from ._journal import MAX_CALL, JournalBackend, NewEntry, SnapshotRow, checksum
 from ._leases._conformance import check_lease_backend
 
 __all__ = ["check_journal_backend", "check_lease_backend"]
 
 
-def _entry(i: int, effect: list[list[Any]] | None = None) -> NewEntry:
+def _entry(i: int, effect: list[list[Any]] | None = None, call: str = "") -> NewEntry:
     update = f"update-{i}".encode()
     return NewEntry(
         f"agent{i % 3}",
@@ -36,6 +36,7 @@ def _entry(i: int, effect: list[list[Any]] | None = None) -> NewEntry:
         update,
         effect if effect is not None else [],
         checksum(update),
+        call=call,
     )
 
 
@@ -218,6 +219,25 @@ async def _authority_serialises_and_rolls_back(b: JournalBackend) -> None:
     assert [r.update for r in await b.read("t", "r", 2)] == [b"update-4", b"update-5"]
 
 
+async def _call_ids_round_trip(b: JournalBackend) -> None:
+    await b.ensure_run("t", "r", create=True)
+    calls = ["", "call_1", "toolu_01Ä✓", "c" * MAX_CALL]
+    set_k: list[list[Any]] = [["map", "m", "set", "k", 1]]
+    await b.append("t", "r", [_entry(i, set_k, c) for i, c in enumerate(calls)], durable=False)
+    rows = await b.read("t", "r", 0)
+    assert [r.call for r in rows] == calls, "read must return each entry's call id"
+    assert [r.call for r in await b.history("t", "r", "m", "k")] == calls, "history too"
+    async with b.authority("t", "r", durable=True) as auth:
+        assert [r.call for r in await auth.read(0)] == calls, "an authority's read too"
+        await auth.append([_entry(9, call="in-authority")])
+    assert [r.call for r in await b.read("t", "r", 4)] == ["in-authority"]
+    # many entries at once (a backend may store older entries otherwise than recent ones)
+    many = [_entry(i, call=f"c{i}" if i % 2 else "") for i in range(2_000)]
+    await b.append("t", "r", many, durable=False)
+    got = await b.read("t", "r", 5, limit=len(many))
+    assert [r.call for r in got] == [e.call for e in many], "call ids of many entries"
+
+
 class _Abort(Exception):
     pass
 
@@ -231,4 +251,5 @@ _CHECKS = [
     _delete_run_leaves_nothing,
     _config_is_per_run_and_atomic,
     _authority_serialises_and_rolls_back,
+    _call_ids_round_trip,
 ]

@@ -120,7 +120,8 @@ CREATE TABLE IF NOT EXISTS journal (
     upd BLOB NOT NULL,
     effect TEXT NOT NULL,
     crc INTEGER NOT NULL,
-    origin TEXT NOT NULL DEFAULT ''
+    origin TEXT NOT NULL DEFAULT '',
+    call TEXT NOT NULL DEFAULT ''
 );
 CREATE UNIQUE INDEX IF NOT EXISTS journal_run_seq ON journal (run_id, seq);
 CREATE TABLE IF NOT EXISTS journal_keys (
@@ -146,6 +147,7 @@ _MIGRATIONS = [
     ("runs", "state", "TEXT NOT NULL DEFAULT 'open'"),
     ("runs", "delete_after", "REAL"),
     ("journal", "origin", "TEXT NOT NULL DEFAULT ''"),
+    ("journal", "call", "TEXT NOT NULL DEFAULT ''"),  # the tool-call id (Record.attributed)
 ]
 
 
@@ -643,14 +645,25 @@ class SQLiteJournal(JournalBackend):
     @staticmethod
     def _rows(raw: list[Any]) -> list[Row]:
         # agent, source and run names repeat on every row: share one string each (the
-        # provenance index keeps them for every key)
+        # provenance index keeps them for every key; it does not keep call ids)
         intern, parse = sys.intern, _effect
         return [
-            Row(r[0], intern(r[1]), intern(r[2]), r[3], r[4], r[5], parse(r[6]), r[7], intern(r[8]))
+            Row(
+                r[0],
+                intern(r[1]),
+                intern(r[2]),
+                r[3],
+                r[4],
+                r[5],
+                parse(r[6]),
+                r[7],
+                intern(r[8]),
+                r[9],
+            )
             for r in raw
         ]
 
-    _COLS = "seq, agent, source, client_id, wall_time, upd, effect, crc, origin"
+    _COLS = "seq, agent, source, client_id, wall_time, upd, effect, crc, origin, call"
 
     async def read(
         self, tenant: str, run: str, after: int, limit: int = 10_000, *, skip_client: int = -1
@@ -660,7 +673,7 @@ class SQLiteJournal(JournalBackend):
         sql = (
             "SELECT seq, agent, source, client_id, wall_time,"
             " CASE WHEN client_id = ? THEN X'' ELSE upd END,"
-            " CASE WHEN client_id = ? THEN '[]' ELSE effect END, crc, origin"
+            " CASE WHEN client_id = ? THEN '[]' ELSE effect END, crc, origin, call"
             " FROM journal WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?"
         )
         params = (skip_client, skip_client, rid, after, limit)
@@ -800,7 +813,7 @@ def _append_tx(
     first = row[0] - n + 1
     db.executemany(
         "INSERT INTO journal (run_id, seq, agent, source, client_id, wall_time, upd,"
-        " effect, crc, origin) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        " effect, crc, origin, call) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         [
             (
                 rid,
@@ -813,6 +826,7 @@ def _append_tx(
                 effects[i],
                 e.checksum,
                 e.origin,
+                e.call,
             )
             for i, e in enumerate(entries)
         ],
