@@ -186,6 +186,7 @@ def _entry_json(e: JournalEntry) -> dict[str, Any]:
         "size": e.size,
         "effect": e.effect,
         "summary": effect_summary(e.effect),
+        "call": e.call or None,
     }
 
 
@@ -437,7 +438,15 @@ def _history_json(h: HistoryEntry) -> dict[str, Any]:
         "value": h.value,
         "deleted": h.deleted,
         "redacted": h.redacted,
+        "call": p.call,
     }
+
+
+def _call_cell(call: str | None, width: int = 40) -> Text:
+    # (a Text: a call id is the writer's string, never console markup)
+    if not call:
+        return Text("-")
+    return Text(call if len(call) <= width else call[: width - 1] + "…", no_wrap=True)
 
 
 def _history_value(h: HistoryEntry) -> Text:
@@ -460,7 +469,8 @@ def history(
     tenant: TenantOpt = "default",
 ) -> None:
     """List every journaled write to one map key, oldest first: position, time, agent,
-    source, run and the value written (or deleted/redacted)."""
+    source, run, tool-call id (when any write has one) and the value written (or
+    deleted/redacted)."""
     store_url = _store_url(url)
 
     async def go() -> tuple[RunInfo, list[HistoryEntry]]:
@@ -497,19 +507,21 @@ def history(
         )
         return
     n_agents = len({h.provenance.agent for h in entries})
+    calls = any(h.provenance.call for h in entries)
     table = Table(
         "seq",
         "time",
         "agent",
         "source",
         "run",
+        *(["call"] if calls else []),
         "value",
         title=f"History of {collection}[{key!r}] in run {info.run!r} "
         f"({len(entries)} write{'s' if len(entries) != 1 else ''} "
         f"by {n_agents} agent{'s' if n_agents != 1 else ''})",
         caption=_days_caption([h.provenance.wall_time for h in entries]),
     )
-    _fixed_but(table, 5)
+    _fixed_but(table, 6 if calls else 5)
     for h in entries:
         p = h.provenance
         table.add_row(
@@ -518,6 +530,7 @@ def history(
             p.agent,
             p.source,
             p.run,
+            *([_call_cell(p.call)] if calls else []),
             _history_value(h),
         )
     console.print(table)

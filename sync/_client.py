@@ -15,7 +15,9 @@ hub, with the hub's journal positions, so versions agree with every other writer
 its writes through the committer (``journal.append``, answered once the hub journaled them: so
 ``await rec.flush()`` returns when the hub holds everything written so far). The hub derives
 what each entry did and attributes it to the token's agent and source (never to what the
-client says); a record on a ``ws://`` store takes the token's agent and source as its own.
+client says); a record on a ``ws://`` store takes the token's agent and source as its own
+(a ``source`` given to ``rec.attributed`` is not applied there). The tool-call id of an entry
+(``rec.attributed(call=...)``) is sent with it, and the hub journals it as given.
 
 **One connection per run**, to ``ws://host:port/<tenant>/<run>?token=...`` with the
 subprotocol ``crdtstore``: the hub then sends it no Yjs sync or update frames (whose content
@@ -154,7 +156,10 @@ def _b64(data: bytes) -> str:
 
 def _row(item: Any) -> Row:
     try:
-        seq, agent, source, client_id, wall, update, effect, crc, origin = item
+        # a tenth item, the call id, only when the entry has one (see sync._ops_journal)
+        seq, agent, source, client_id, wall, update, effect, crc, origin, *rest = item
+        if len(rest) > 1 or (rest and type(rest[0]) is not str):
+            raise ValueError(f"a row has 9 or 10 items, the last a call id: {item!r}"[:200])
         return Row(
             int(seq),
             str(agent),
@@ -165,9 +170,19 @@ def _row(item: Any) -> Row:
             list(effect),
             int(crc),
             str(origin),
+            rest[0] if rest else "",
         )
     except (TypeError, ValueError) as exc:
         raise BackendError("ws", f"malformed journal row from the hub: {exc}") from None
+
+
+def _entry_json(entry: NewEntry) -> JsonValue:
+    """An entry as ``journal.append`` sends it: the update and the client id, and the call id
+    when it has one (the hub decides agent, source, time and effect itself)."""
+    out: dict[str, JsonValue] = {"update": _b64(entry.update), "client_id": entry.client_id}
+    if entry.call:
+        out["call"] = entry.call
+    return out
 
 
 def _run_row(item: Any) -> RunRow:
@@ -893,7 +908,7 @@ class WsJournal(JournalBackend):
             if chunk and size + len(entry.update) > _APPEND_BYTES:
                 seqs.extend(await self._append_chunk(run, chunk, crcs, durable))
                 chunk, crcs, size = [], [], 0
-            chunk.append({"update": _b64(entry.update), "client_id": entry.client_id})
+            chunk.append(_entry_json(entry))
             crcs.append(entry.checksum)
             size += len(entry.update)
         if chunk:
@@ -943,9 +958,7 @@ class WsJournal(JournalBackend):
         """Send a guarded entry: the hub checks the guards and journals it atomically (see
         ``Record._write_guarded_remote``); its journal position, or the guard's error."""
         await self._link(tenant, run)
-        params: dict[str, JsonValue] = {
-            "entry": {"update": _b64(entry.update), "client_id": entry.client_id}
-        }
+        params: dict[str, JsonValue] = {"entry": _entry_json(entry)}
         if expected is not None:
             params["expected"] = list(expected)
         if based_on is not None:

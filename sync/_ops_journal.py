@@ -32,15 +32,20 @@ JSON. Params and results::
     journal.snapshot {}                                  -> {seq, update, state, created} | null
     config.get       {}                                  -> config
     config.put       {expected: config, new: config}     -> config    (write; STALE_VERSION)
-    journal.append   {entries: [{update, client_id}, ...], durable?: bool}
+    journal.append   {entries: [{update, client_id, call?}, ...], durable?: bool}
                                                          -> [seq, ...]      (write)
-    journal.append_guarded {entry: {update, client_id},
+    journal.append_guarded {entry: {update, client_id, call?},
                             expected?: [collection, key, version],
                             based_on?: [scope, seq],
                             fence?: [lease_id, token, resource]} -> seq        (write)
 
     run = {tenant, run, created, head, snapshot_seq, parent, state, delete_after}
-    row = [seq, agent, source, client_id, wall_time, update, effect, checksum, origin]
+    row = [seq, agent, source, client_id, wall_time, update, effect, checksum, origin, call?]
+
+``call`` (an entry's, and a row's tenth item, present only when the entry has one: rows
+without one stay as clients before it read them) is the tool-call id the writer made the
+entry for (``Record.attributed``): a string of at most 256 characters without NUL, else the
+request is refused with ``INVALID_VALUE`` and nothing of it is journaled.
 
 **Appends are untrusted.** The hub applies each entry's update to the run's record itself, as
 the token's agent and source, derives the effect, enforces the run's policies and budgets
@@ -53,7 +58,9 @@ fast path cannot take, runs in an authority transaction (catch-up read first).
 
 ``client_id`` is a label only: it lets the writer skip its own entries when it tails the
 journal (a client lying about it can only hide entries from the client it names, which Yjs's
-unauthenticated client ids allow anyway). An append whose answer
+unauthenticated client ids allow anyway). ``call`` is a label too, journaled as given: the
+agent and source stay the token's whatever the client's record was told
+(``rec.attributed(source=...)`` is not applied on a ``ws://`` store). An append whose answer
 was lost may be sent again: bytes the record already holds, journaled recently by the same
 client id, are not journaled twice (the position of the entry holding them is answered).
 
@@ -97,7 +104,7 @@ import anyio
 from pydantic import JsonValue
 
 from crdtstore import CrdtStoreError, InvalidValue, PolicyViolation, StaleVersion
-from crdtstore._journal import Row, RunRow
+from crdtstore._journal import Row, RunRow, check_call
 from crdtstore._leases._engine import fence_error
 
 from ._document import ReplicaDocument
@@ -141,7 +148,7 @@ def _int(params: dict[str, JsonValue], name: str, default: int | None = None) ->
 
 
 def row_to_json(row: Row) -> list[JsonValue]:
-    return [
+    out: list[JsonValue] = [
         row.seq,
         row.agent,
         row.source,
@@ -152,6 +159,9 @@ def row_to_json(row: Row) -> list[JsonValue]:
         row.checksum,
         row.origin,
     ]
+    if row.call:  # (only then: rows without one stay as clients before call ids read them)
+        out.append(row.call)
+    return out
 
 
 def _run_json(row: RunRow | None) -> JsonValue:
@@ -306,25 +316,30 @@ def _check_only_adds(agent: str, old: dict[str, Any], new: dict[str, Any]) -> No
             raise refuse(f"the declaration of {name!r} cannot change")
 
 
-def _entry(value: JsonValue) -> tuple[bytes, int]:
+def _entry(value: JsonValue) -> tuple[bytes, int, str]:
     if not isinstance(value, dict):
-        raise InvalidValue("an entry is an object {update, client_id}")
+        raise InvalidValue("an entry is an object {update, client_id, call?}")
     client_id = value.get("client_id")
     if type(client_id) is not int or client_id < 0:
         raise InvalidValue(f"client_id must be an int >= 0, not {client_id!r}")
-    return unb64(value.get("update"), "update"), client_id
+    call = check_call(value.get("call", ""))
+    return unb64(value.get("update"), "update"), client_id, call
 
 
-async def _append(ctx: OpContext, updates: list[bytes], client_id: int, **guards: Any) -> list[int]:
-    """Journal client entries as the token's agent (one transaction); send what the hub's
-    record took in to the plain Yjs connections of the run."""
+async def _append(
+    ctx: OpContext, updates: list[bytes], client_id: int, calls: list[str], **guards: Any
+) -> list[int]:
+    """Journal client entries as the token's agent (one transaction), each with its call id;
+    send what the hub's record took in to the plain Yjs connections of the run."""
     from ._hub import _CURRENT
 
     rec = ctx.rec
     before = rec.applied_seq
     token = _CURRENT.set(ctx.conn)
     try:
-        seqs = await rec._append_externals(updates, client_id=client_id, **guards)
+        seqs = await rec._append_externals(
+            updates, client_id=client_id, calls=calls if any(calls) else None, **guards
+        )
     finally:
         _CURRENT.reset(token)
     room = ctx.conn.room
@@ -351,15 +366,16 @@ async def _journal_append(ctx: OpContext, params: dict[str, JsonValue]) -> JsonV
     durable = params.get("durable", True)
     if not isinstance(durable, bool):
         raise InvalidValue("durable must be a bool")
-    parsed = [_entry(e) for e in entries]
+    parsed = [_entry(e) for e in entries]  # all checked before any is journaled
     seqs: list[JsonValue] = []
     start = 0
     while start < len(parsed):  # one transaction per run of entries of one client id
         end = start + 1
         while end < len(parsed) and parsed[end][1] == parsed[start][1]:
             end += 1
-        updates = [u for u, _ in parsed[start:end]]
-        seqs.extend(await _append(ctx, updates, parsed[start][1], durable=durable))
+        updates = [u for u, _, _ in parsed[start:end]]
+        calls = [c for _, _, c in parsed[start:end]]
+        seqs.extend(await _append(ctx, updates, parsed[start][1], calls, durable=durable))
         start = end
     return seqs
 
@@ -392,14 +408,14 @@ async def _check_fence_owner(ctx: OpContext, fence: tuple[Any, ...]) -> None:
 
 @op("journal.append_guarded", write=True)
 async def _journal_append_guarded(ctx: OpContext, params: dict[str, JsonValue]) -> JsonValue:
-    update, client_id = _entry(params.get("entry"))
+    update, client_id, call = _entry(params.get("entry"))
     expected = _triple(params.get("expected"), "expected", (str, str, int))
     based_on = _triple(params.get("based_on"), "based_on", (str, int))
     fence = _triple(params.get("fence"), "fence", (str, int, str))
     if fence is not None:
         await _check_fence_owner(ctx, fence)
     (seq,) = await _append(
-        ctx, [update], client_id, expected=expected, based_on=based_on, fence=fence
+        ctx, [update], client_id, [call], expected=expected, based_on=based_on, fence=fence
     )
     return seq
 
