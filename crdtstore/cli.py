@@ -62,6 +62,7 @@ from . import (
     open_store,
 )
 from ._cli_leases import leases_command
+from ._cli_tools import register as register_tool_commands
 
 T = TypeVar("T")
 
@@ -97,6 +98,7 @@ def main() -> None:
 
 
 app.command("leases")(leases_command)
+register_tool_commands(app)  # get, put, append, edit, changes, claim, mcp
 
 
 # -- helpers ------------------------------------------------------------------------------------
