@@ -312,7 +312,8 @@ class Toolset:
         if tokens_of(out) <= self.max_result_tokens and cursor is None:
             return out
         # too large for one result: the value's JSON in chunks, each with the next cursor
-        text = dumps(out.pop("value", None))
+        text = dumps(out["value"])
+        out["value"] = None  # in `value_json`, chunk by chunk
         start = 0
         if cursor is not None:
             start, at = decode_cursor(cursor, "value")
@@ -556,6 +557,7 @@ class Toolset:
         self._see(a.collection, a.key)
         rec = self.record
         m = rec.map(a.collection)
+        await rec.sync()  # policies and budgets decide on what others wrote, too
         based = None if a.based_on is None else Version(scope=a.collection, seq=a.based_on)
         await m.set(
             a.key, a.value, expected_version=a.expected_version, based_on=based,
@@ -567,6 +569,7 @@ class Toolset:
     async def _store_delete(self, a: A.StoreDelete) -> dict[str, Any]:
         self._see(a.collection, a.key)
         rec = self.record
+        await rec.sync()  # "deleted" must tell whether the entry was there, not in this replica
         existed = await rec.map(a.collection).delete(
             a.key, expected_version=a.expected_version, lease=self._fence(a.collection, a.key)
         )
@@ -588,6 +591,7 @@ class Toolset:
         self._see_all(a.collection)
         rec = self.record
         lst = rec.list(a.collection)
+        await rec.sync()
         await lst.append(a.value)
         await rec.flush()
         return {
