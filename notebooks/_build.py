@@ -1075,6 +1075,10 @@ folder.cleanup()""",
     ),
 ]
 
+from _nb07 import CELLS as NB07_CELLS  # noqa: E402  (the cells of 07 live in notebooks/_nb07.py)
+
+NOTEBOOKS["07_agent_tools"] = NB07_CELLS
+
 
 def kernel_manager(spec_root: Path) -> KernelManager:
     """A kernel manager that runs this interpreter (the venv's) whatever kernelspecs the
