@@ -442,6 +442,11 @@ class Record:
 
         return View(self, paths)
 
+    @property
+    def store(self) -> Store:
+        """The store this record is open on (its leases, its other runs)."""
+        return self._store
+
     def collections(self) -> dict[str, str]:
         """Every collection of the record: name -> kind (``map``, ``list``, ``text``)."""
         return self.replica.collections()

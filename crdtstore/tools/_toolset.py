@@ -202,7 +202,7 @@ class Toolset:
 
     @property
     def _store(self) -> Store:
-        return self.record._store  # the store the record is open on (for leases)
+        return self.record.store  # the store the record is open on (for leases)
 
     def _kind(self, collection: str) -> str | None:
         check_name("collection", collection)
