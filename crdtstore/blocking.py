@@ -103,6 +103,13 @@ class BlockingRecord(_Proxy):
     def flush(self) -> None:
         self._run(self._target.flush)
 
+    def attributed(
+        self, *, source: str | None = None, call: str | None = None
+    ) -> AbstractContextManager[Record]:
+        """:meth:`Record.attributed`: the block sets a context variable of the calling thread,
+        which every call through the portal carries to the loop (anyio copies the context)."""
+        return self._target.attributed(source=source, call=call)
+
     def sync(self) -> int:
         return int(self._run(self._target.sync))
 

@@ -227,6 +227,22 @@ async def test_a_bad_source_or_call_is_refused_and_changes_nothing(
         pass
 
 
+def test_the_blocking_facade_carries_the_block(tmp_path: Path) -> None:
+    from crdtstore import blocking
+
+    with (
+        blocking.open_store(f"sqlite:///{tmp_path}/store.db") as store,
+        store.open_record(run="r", agent="a") as rec,
+    ):
+        with rec.attributed(source="tool", call="sync-call"):
+            rec.map("m").set("k", 1)
+            rec.list("log").append("x")
+        rec.map("m").set("j", 1)
+        rec.flush()
+        got = [(e.source, e.call) for e in rec.journal()]
+        assert got == [("tool", "sync-call"), ("tool", "sync-call"), ("model", "")]
+
+
 # -- on disk ------------------------------------------------------------------------------------
 
 
@@ -308,9 +324,7 @@ async def test_through_a_hub_the_call_id_is_journaled_with_the_tokens_identity(
             ("model", "call_hub"),
         ]
         history = await m.history("guarded")
-        assert [(h.provenance.agent, h.provenance.call) for h in history] == [
-            ("alice", "call_hub")
-        ]
+        assert [(h.provenance.agent, h.provenance.call) for h in history] == [("alice", "call_hub")]
         # another ws:// client gets them through the hub's pushes and reads
         async with ws_record(hub, token("bob")) as bob:
             await until(lambda: "b" in bob.map("m"), "bob to read the journal")
@@ -330,9 +344,7 @@ def _update(key: str) -> bytes:
 
 
 @pytest.mark.parametrize("bad", ["x" * 257, "nul\x00", 42, ["list"]])
-async def test_the_hub_refuses_a_bad_call_id_and_journals_nothing(
-    tmp_path: Path, bad: Any
-) -> None:
+async def test_the_hub_refuses_a_bad_call_id_and_journals_nothing(tmp_path: Path, bad: Any) -> None:
     async with running_hub(tmp_path) as hub, ws_record(hub, token("alice")) as rec:
         await rec.map("m").set("k", 1)
         await rec.flush()
