@@ -108,7 +108,8 @@ class BlockingRecord(_Proxy):
     ) -> AbstractContextManager[Record]:
         """:meth:`Record.attributed`: the block sets a context variable of the calling thread,
         which every call through the portal carries to the loop (anyio copies the context)."""
-        return self._target.attributed(source=source, call=call)
+        record: Record = self._target
+        return record.attributed(source=source, call=call)
 
     def sync(self) -> int:
         return int(self._run(self._target.sync))
