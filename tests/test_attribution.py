@@ -343,6 +343,28 @@ def _update(key: str) -> bytes:
     return doc.get_update()
 
 
+async def test_external_appends_carry_their_call_ids_on_both_paths(url: str) -> None:
+    """``Record._append_externals`` (what the hub journals a client's entries with): the fast
+    path (unguarded, as the record's own pending entries) and the authority path."""
+    async with crdtstore.open_store(url) as store, store.open_record("r", "hub", "system") as rec:
+        await rec.map("m").set("seed", 0)  # (registers the map: effects name its keys)
+        fast = await rec._append_externals(
+            [_update("f1"), _update("f2")], client_id=77, durable=False, calls=["c-f1", ""]
+        )
+        slow = await rec._append_externals(
+            [_update("s1"), _update("s2")], client_id=77, durable=True, calls=["", "c-s2"]
+        )
+        assert rec.fast_appends == 1 and len(fast + slow) == 4
+        with pytest.raises(InvalidValue):
+            await rec._append_externals([_update("x")], client_id=77, calls=["a", "b"])
+        with pytest.raises(InvalidValue):
+            await rec._append_externals([_update("y")], client_id=77, calls=["\x00"])
+        assert "x" not in rec.map("m") and "y" not in rec.map("m")
+        await rec.flush()
+        got = [(e.effect[0][3], e.client_id, e.call) for e in await store.journal("r")]
+        assert got[1:] == [("f1", 77, "c-f1"), ("f2", 77, ""), ("s1", 77, ""), ("s2", 77, "c-s2")]
+
+
 @pytest.mark.parametrize("bad", ["x" * 257, "nul\x00", 42, ["list"]])
 async def test_the_hub_refuses_a_bad_call_id_and_journals_nothing(tmp_path: Path, bad: Any) -> None:
     async with running_hub(tmp_path) as hub, ws_record(hub, token("alice")) as rec:
