@@ -95,6 +95,11 @@ def variants(rec: crdtstore.Record, ts: Toolset) -> dict[str, tuple[Op, Op, str]
         await m.set(f"k{i % KEYS}", value(i))
         await rec.flush()
 
+    async def direct_put_sync(i: int) -> None:
+        await rec.sync()
+        await m.set(f"k{i % KEYS}", value(i))
+        await rec.flush()
+
     async def tool_get(i: int) -> Any:
         return await ts.call("store_get", {"collection": "m", "key": f"k{i % KEYS}"})
 
@@ -116,12 +121,21 @@ def variants(rec: crdtstore.Record, ts: Toolset) -> dict[str, tuple[Op, Op, str]
         await lst.append(value(i))
         await rec.flush()
 
+    async def direct_append_sync(i: int) -> None:
+        await rec.sync()
+        await lst.append(value(i))
+        await rec.flush()
+
+    # the rows "... vs sync" do the rec.sync() that each of these tools makes first (to decide
+    # on what other writers wrote): what is left between the two is the toolset's own cost
     return {
         "store_put": (tool_put, direct_put, "m.set + flush"),
         "store_put (JSON text)": (tool_put_json, direct_put, "m.set + flush"),
+        "store_put vs sync": (tool_put, direct_put_sync, "sync + m.set + flush"),
         "store_get": (tool_get, direct_get, "m.get_versioned + flush"),
         "store_get vs sync": (tool_get, direct_get_sync, "sync + get_versioned + flush"),
         "store_append": (tool_append, direct_append, "list.append + flush"),
+        "store_append vs sync": (tool_append, direct_append_sync, "sync + append + flush"),
     }
 
 
@@ -161,11 +175,13 @@ def report_in_process(
         direct_cpu = median([c for _, c in t["direct"]]) / ops * 1e6
         ratio = tool_us / direct_us
         met = ratio <= TARGET_RATIO
+        headline = "vs sync" not in name  # the target is against the brief's direct API
         rows.append([name, f"{tool_us:.1f} us", f"{direct_us:.1f} us ({descr[name]})",
                      f"{ratio:.2f}x", f"{tool_cpu / direct_cpu:.2f}x",
-                     "met" if met else "MISSED"])  # fmt: skip
+                     ("met" if met else "MISSED") if headline else "(where it goes)"])  # fmt: skip
         results.append(Result("tools", f"{name} via ts.call vs direct", tool_us, "us/op",
-                              direct_us, ratio, f"<= {TARGET_RATIO}x", met))  # fmt: skip
+                              direct_us, ratio, f"<= {TARGET_RATIO}x" if headline else "-",
+                              met if headline else None))  # fmt: skip
     print()
     print(f"tool call vs direct API, sqlite:///, {ops:,} ops per block, median of {rounds} blocks")
     table(["tool", "ts.call", "direct (same work)", "ratio", "ratio, CPU", "target"], rows)
