@@ -32,10 +32,13 @@ item at once with ``--result`` (recording that the item is done).
 ``--agent`` names the writer; through a hub (``ws://host:port/<tenant>`` with ``--token``) the
 token names it and ``--agent`` is ignored (it may be left out). ``URL`` is a store URL or the
 path of a SQLite store file; ``get`` and ``changes`` refuse a SQLite file that does not exist.
+``mcp --http`` does not authenticate its HTTP clients: keep it on a loopback address (it warns
+otherwise).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import signal
 import socket
@@ -467,6 +470,12 @@ async def _serve_mcp(
             typer.echo(
                 f"crdtstore mcp listening on http://{shown}:{port}/mcp, serving {who}", err=True
             )
+            if not ipaddress.ip_address(host).is_loopback:
+                typer.echo(
+                    "crdtstore mcp: warning: HTTP clients are not authenticated; anyone who "
+                    f"reaches {shown}:{port} can use these tools",
+                    err=True,
+                )
             with _quiet_signals():
                 await server.serve_http(sock)
 

@@ -195,7 +195,10 @@ async def test_a_guarded_put_loses_with_stale_version_and_wins_after_a_reread(
     tmp_path: Path,
 ) -> None:
     url = sqlite(tmp_path)
-    async with mcp_agent(tmp_path, url, "alice") as a, mcp_agent(tmp_path, url, "bob") as b:
+    async with (
+        mcp_agent(tmp_path, url, "alice") as a,
+        mcp_agent(tmp_path, url, "bob", "--source", "tool") as b,
+    ):
         first = await a.ok(
             "store_put", collection="plan", key="owner", value="alice", expected_version=0
         )
@@ -217,7 +220,10 @@ async def test_a_guarded_put_loses_with_stale_version_and_wins_after_a_reread(
         assert (await a.ok("store_get", collection="plan", key="owner"))["value"] == "bob"
         # the journal names the call of each agent that wrote
         history = (await a.ok("store_history", collection="plan", key="owner"))["entries"]
-        assert [(h["agent"], h["value"]) for h in history] == [("alice", "alice"), ("bob", "bob")]
+        assert [(h["agent"], h["source"], h["value"]) for h in history] == [
+            ("alice", "model", "alice"),
+            ("bob", "tool", "bob"),
+        ]
         assert all(h["call"].startswith("mcp-") for h in history)
         assert history[0]["call"] != history[1]["call"]
 
@@ -327,7 +333,7 @@ async def test_collections_are_resources_read_subscribed_and_announced(tmp_path:
         mcp_agent(tmp_path, url, "writer") as w,
         mcp_agent(tmp_path, url, "reader") as r,
         mcp_agent(tmp_path, url, "listener", modern=True) as modern,
-        mcp_agent(tmp_path, url, "scoped", "--view", "findings") as scoped,
+        mcp_agent(tmp_path, url, "scoped", "--view", "findings", "--ro") as scoped,
     ):
         assert r.session.protocol_version == "2025-11-25"
         assert modern.session.protocol_version == "2026-07-28"
@@ -354,6 +360,8 @@ async def test_collections_are_resources_read_subscribed_and_announced(tmp_path:
         assert [x.uri for x in (await scoped.session.list_resources()).resources] == [findings]
         outside = await scoped.refused("store_get", collection="notes_secret", key="k")
         assert outside["code"] == "POLICY_VIOLATION"
+        denied = await scoped.refused("store_put", collection="findings", key="k9", value=0)
+        assert denied["code"] == "READ_ONLY"  # --ro
 
         with warnings.catch_warnings():  # resources/subscribe: the handshake era's way
             warnings.simplefilter("ignore", MCPDeprecationWarning)
