@@ -1,0 +1,116 @@
+"""The kernel's state in the run's record: one map collection, ``flow``, that only the kernel's
+agent writes (policy ``owner``), one entry per step path plus ``@run`` for the run itself.
+
+Every entry is JSON (the models below, ``model_dump(mode="json")``); readers (``flow
+status``, the viewer) validate them with the same models and ignore fields they do not know.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .._semantics import CollectionSpec
+from ._logic import StepState
+
+__all__ = [
+    "KERNEL_AGENT",
+    "RUN_KEY",
+    "STATE_COLLECTION",
+    "STATE_SCHEMA",
+    "LeaseRef",
+    "RunEntry",
+    "StepEntry",
+    "Waiter",
+    "Waiting",
+]
+
+STATE_COLLECTION = "flow"
+RUN_KEY = "@run"  # (a step id cannot start with "@")
+KERNEL_AGENT = "flow-kernel"
+STATE_SCHEMA = {STATE_COLLECTION: CollectionSpec(kind="map", policy="owner")}
+
+RunState = Literal["running", "done", "failed", "cancelled"]
+
+
+class _Entry(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+class LeaseRef(_Entry):
+    """The lease a running step holds: its id and fencing token."""
+
+    id: str
+    token: int
+
+
+class Waiter(_Entry):
+    """A request ahead of a waiting step on one of its files."""
+
+    rank: int
+    owner: str
+    key: list[Any] | None = None  # [step path, attempt] for a kernel's step
+    state: str  # granted | waiting_on_lock
+    resources: list[str]
+
+
+class Waiting(_Entry):
+    """Why a step is ``waiting_on_lock``: its files and who was ahead when it queued (``flow
+    status`` asks the lease table for the live queue)."""
+
+    files: list[str]
+    ahead: list[Waiter] = Field(default_factory=list)
+    since: float
+
+
+class StepEntry(_Entry):
+    """The entry of one step, under its path (``verify/lint``; nested workflows' steps under
+    their step's path: ``sub/inner``).
+
+    ``attempt`` counts the attempts ever started (0: none yet), across kernel restarts;
+    ``call`` is the current attempt's call id, ``<root run>:<path>#<attempt>``, which every
+    journal entry the attempt writes carries. ``run`` is the run the step's writes are
+    attributed to (a nested workflow's steps: the nested run). ``started``/``ended`` are wall
+    times of the current attempt; ``result`` is set once ``done``, ``error`` once ``failed``
+    (``{"code", "message", ...}``, see ``crdtstore.flow`` errors).
+    """
+
+    path: str
+    parent: str = ""  # the parent step's path ("" at the top)
+    index: int = 0  # position among its siblings
+    kind: str
+    state: StepState
+    attempt: int = 0
+    run: str
+    agent: str | None = None
+    call: str | None = None
+    files: list[str] = Field(default_factory=list)
+    lease: LeaseRef | None = None
+    waiting: Waiting | None = None
+    join: str | None = None  # parallel steps: all | any | at_least K
+    started: float | None = None
+    ended: float | None = None
+    result: Any = None
+    error: dict[str, Any] | None = None
+
+    @property
+    def duration(self) -> float | None:
+        if self.started is None:
+            return None
+        return None if self.ended is None else max(0.0, self.ended - self.started)
+
+
+class RunEntry(_Entry):
+    """The ``@run`` entry: the workflow's name, the hash of the spec it was started with, its
+    state, and the kernel (``host:pid``) that last ran it. ``starts`` counts kernel starts."""
+
+    name: str
+    spec_hash: str
+    state: RunState
+    started: float
+    ended: float | None = None
+    starts: int = 1
+    kernel: str = ""
+    result: Any = None
+    error: dict[str, Any] | None = None
