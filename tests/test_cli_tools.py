@@ -191,12 +191,16 @@ async def test_claim_holds_the_claim_while_its_command_runs(tmp_path: Path) -> N
         assert code == 3 and other["error"]["code"] == "LEASE_HELD"
         assert "worker" in json.dumps(other["error"])
         go.touch()
-        assert holder.stdout is not None and holder.stderr is not None
-        out = (await holder.stdout.receive()).decode()
+        streams: dict[str, bytes] = {}
+
+        async def read(name: str, stream: Any) -> None:
+            streams[name] = b"".join([chunk async for chunk in stream])
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read, "out", holder.stdout)
+            tg.start_soon(read, "err", holder.stderr)
         await holder.wait()
-        err = b""
-        async for chunk in holder.stderr:
-            err += chunk
+    out, err = streams["out"].decode(), streams["err"]
     assert holder.returncode == 0, err
     assert json.loads(out) == {"ok": True, "collection": "tasks", "item": "t1", "state": "done"}
     assert b"working" in err  # the command's output went to standard error
