@@ -61,6 +61,7 @@ from . import (
     _demo,
     open_store,
 )
+from ._cli_flow import flow_app
 from ._cli_leases import leases_command
 from ._cli_tools import register as register_tool_commands
 
@@ -98,6 +99,7 @@ def main() -> None:
 
 
 app.command("leases")(leases_command)
+app.add_typer(flow_app, name="flow")  # flow run, flow status
 register_tool_commands(app)  # get, put, append, edit, changes, claim, mcp
 
 

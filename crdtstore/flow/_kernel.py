@@ -559,7 +559,5 @@ async def run_workflow(
     from ._spec import load_spec
 
     wf = load_spec(spec)
-    kernel = Kernel(
-        store, wf, run, allow_changed=allow_changed, lease_ttl=lease_ttl, token=token
-    )
+    kernel = Kernel(store, wf, run, allow_changed=allow_changed, lease_ttl=lease_ttl, token=token)
     return await kernel.start()

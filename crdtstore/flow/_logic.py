@@ -96,9 +96,7 @@ def ready_steps(
 ) -> list[int]:
     """The steps of a workflow to start now: not started, every dependency done."""
     return [
-        i
-        for i, d in enumerate(deps)
-        if not started[i] and all(outcomes[j] == "done" for j in d)
+        i for i, d in enumerate(deps) if not started[i] and all(outcomes[j] == "done" for j in d)
     ]
 
 

@@ -106,9 +106,7 @@ class ScriptExecutor(_Model):
     duration and the tail of the output."""
 
     kind: Literal["script"]
-    run: Annotated[str, StringConstraints(min_length=1)] | Annotated[
-        list[str], Field(min_length=1)
-    ]
+    run: Annotated[str, StringConstraints(min_length=1)] | Annotated[list[str], Field(min_length=1)]
     env: dict[str, str] = Field(default_factory=dict)
     cwd: str | None = None
     tail: PositiveInt = 20  # lines of stdout and of stderr kept in the result
