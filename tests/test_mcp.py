@@ -9,8 +9,8 @@ over ``stdio_client``, and over ``streamable_http_client``).
 - Streamable HTTP; through a hub process, writes carry the token's agent and a read-only
   token is refused on writes.
 
-The servers run on asyncio (as ``crdtstore mcp`` does); the client side of the two lighter
-tests runs on asyncio and trio, the process-heavy ones on asyncio only. Nothing sleeps to wait:
+The servers run on asyncio (as ``crdtstore mcp`` does); the client side of the tool-list
+test runs on asyncio and trio, the process-heavy tests on asyncio only. Nothing sleeps to wait:
 every wait is on what a process answered or sent, under a deadline.
 """
 
@@ -191,6 +191,7 @@ async def test_two_servers_on_one_store_keep_every_append_and_put(tmp_path: Path
     assert set(data["findings"]) == expected
 
 
+@asyncio_only
 async def test_a_guarded_put_loses_with_stale_version_and_wins_after_a_reread(
     tmp_path: Path,
 ) -> None:
