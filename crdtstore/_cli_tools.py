@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -454,15 +455,24 @@ async def _serve_mcp(
         who = f"run {rec.run!r} as agent {rec.agent!r}{' (read-only)' if read_only else ''}"
         if sock is None:
             typer.echo(f"crdtstore mcp: serving {who} over stdio", err=True)
+
+            async def stop_on_signal() -> None:
+                # The SDK reads stdin in a worker thread, which a cancellation waits for (until
+                # the client writes or closes stdin). So on SIGINT or SIGTERM close here what
+                # holds state (the toolset's claims and leases, the record: flushed), then end
+                # the process by the signal (what is left is what kill -9 leaves).
+                with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                    async for signum in signals:
+                        typer.echo(f"crdtstore mcp: stopping on signal {signum}", err=True)
+                        with anyio.CancelScope(shield=True), anyio.move_on_after(10):
+                            await tools.aclose()
+                            await rec.aclose()
+                        signal.signal(signum, signal.SIG_DFL)
+                        os.kill(os.getpid(), signum)
+
             async with anyio.create_task_group() as tg:
-
-                async def stop_on_signal() -> None:
-                    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                        async for _ in signals:
-                            tg.cancel_scope.cancel()
-
                 tg.start_soon(stop_on_signal)
-                await server.serve_stdio()
+                await server.serve_stdio()  # until the client closes stdin
                 tg.cancel_scope.cancel()
         else:
             host, port = sock.getsockname()[:2]

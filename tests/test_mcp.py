@@ -3,7 +3,8 @@ over ``stdio_client``, and over ``streamable_http_client``).
 
 - Two servers (two agents) on one SQLite store: concurrent appends and puts all land; a
   guarded put loses with STALE_VERSION and wins after a re-read; of two claims on one item
-  exactly one wins; ``kill -9`` of a server mid-write loses nothing it acknowledged.
+  exactly one wins (and SIGTERM gives a server's claim back); ``kill -9`` of a server
+  mid-write loses nothing it acknowledged.
 - The tool list is the toolset's own (and the SDK's types accept it); collections are
   resources, read, subscribed to and announced in both protocol eras of SDK 2.x.
 - Streamable HTTP; through a hub process, writes carry the token's agent and a read-only
@@ -253,6 +254,16 @@ async def test_of_two_claims_on_one_item_exactly_one_wins(tmp_path: Path) -> Non
         await winner.ok("store_complete", collection="tasks", item="t1", result="done")
         again = await loser.refused("store_claim", collection="tasks", item="t1", ttl=30)
         assert again["code"] == "LEASE_HELD"  # done: nobody takes it again
+
+        # SIGTERM: the server gives back what it holds before it ends (released, not reaped)
+        await loser.ok("store_claim", collection="tasks", item="t2", ttl=60)
+        pid = loser.pid()
+        os.kill(pid, signal.SIGTERM)
+        await until(lambda: _dead(pid), "the server to stop on SIGTERM")
+        assert "stopping on signal" in loser.stderr()
+        state = await winner.ok("store_get", collection="claims", key="tasks/t2")
+        assert (state["value"]["state"], state["value"]["claimer"]) == ("released", loser.name)
+        await winner.ok("store_claim", collection="tasks", item="t2", ttl=60)
 
 
 @asyncio_only
