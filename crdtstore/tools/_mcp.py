@@ -5,8 +5,11 @@
   :class:`RecordServer` overrides ``MCPServer.list_tools`` and ``call_tool`` instead of
   registering Python functions, so the SDK never derives a schema from a signature. A result
   is ``structured_content`` (the result dict) plus one ``TextContent`` of its JSON;
-  ``is_error`` is set when the toolset returned ``{"error": ...}``. The call id journaled
-  with each write names the server process and the MCP request (``mcp-<pid>-<n>-<id>``).
+  ``is_error`` is set when the toolset returned ``{"error": ...}``. The toolset validates the
+  arguments; the SDK's ``Mcp-Param-*`` header check (2026 HTTP) finds no schema of its own
+  for these tools and is skipped, as it is for a schema that declares no header. The call
+  id journaled with each write names the server process and the MCP request
+  (``mcp-<pid>-<n>-<id>``).
 - **Resources**: each collection the toolset sees is ``crdtstore://<run>/<collection>``
   (``application/json``: what ``store_get(collection)`` returns, its first page).
 - **Notifications**, driven by ``rec.changes()`` (local and remote writes alike), coalesced
