@@ -52,6 +52,7 @@ __all__ = [
     "spec_hash",
 ]
 
+RESERVED_AGENT = "flow-kernel"  # the kernel's own agent (_state.KERNEL_AGENT)
 STEP_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
 StepId = Annotated[str, StringConstraints(pattern=STEP_ID_PATTERN)]
 ToolsFormat = Literal["openai", "anthropic", "mcp"]
@@ -331,6 +332,8 @@ def _check_agent(agent: str, field: str) -> None:
         check_name("agent", agent)
     except CrdtStoreError as exc:
         raise SpecInvalid(field, str(exc)) from None
+    if agent == RESERVED_AGENT:
+        raise SpecInvalid(field, f"{agent!r} is reserved for the kernel (it owns the state)")
 
 
 def _check_steps(steps: Sequence[Step], field: str) -> None:

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .._semantics import CollectionSpec
 from ._logic import StepState
+from ._spec import RESERVED_AGENT
 
 __all__ = [
     "KERNEL_AGENT",
@@ -28,7 +29,7 @@ __all__ = [
 
 STATE_COLLECTION = "flow"
 RUN_KEY = "@run"  # (a step id cannot start with "@")
-KERNEL_AGENT = "flow-kernel"
+KERNEL_AGENT = RESERVED_AGENT
 STATE_SCHEMA = {STATE_COLLECTION: CollectionSpec(kind="map", policy="owner")}
 
 RunState = Literal["running", "done", "failed", "cancelled"]
