@@ -336,7 +336,7 @@ def _check_agent(agent: str, field: str) -> None:
         raise SpecInvalid(field, f"{agent!r} is reserved for the kernel (it owns the state)")
 
 
-def _check_steps(steps: Sequence[Step], field: str) -> None:
+def _check_steps(steps: Sequence[Step], field: str, *, branches: bool = False) -> None:
     ids: dict[str, int] = {}
     for i, step in enumerate(steps):
         if step.id in ids:
@@ -346,6 +346,8 @@ def _check_steps(steps: Sequence[Step], field: str) -> None:
     deps = dependencies(steps)
     for i, step in enumerate(steps):
         where = f"{field}[{i}]"
+        if branches and step.needs is not None:
+            raise SpecInvalid(f"{where}.needs", "branches run side by side: no needs")
         for need in step.needs or ():
             if need not in ids:
                 raise SpecInvalid(f"{where}.needs", f"no sibling step {need!r}")
@@ -376,7 +378,7 @@ def _check_step(step: Step, where: str) -> None:
     if isinstance(ex, (PythonExecutor, AgentExecutor)):
         resolve_call(ex.call, f"{where}.executor.call")
     elif isinstance(ex, ParallelExecutor):
-        _check_steps(ex.branches, f"{where}.executor.branches")
+        _check_steps(ex.branches, f"{where}.executor.branches", branches=True)
         if isinstance(ex.join, AtLeast) and ex.join.at_least > len(ex.branches):
             raise SpecInvalid(
                 f"{where}.executor.join.at_least",
