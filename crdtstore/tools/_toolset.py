@@ -277,9 +277,9 @@ class Toolset:
 
     async def _store_get(self, a: A.StoreGet) -> dict[str, Any]:
         rec = self.record
-        kind = self._kind(a.collection)
         await rec.sync()
         await rec.flush()  # versions of this record's own writes are journal positions
+        kind = self._kind(a.collection)  # after the sync: another agent may just have made it
         if a.key is not None:
             if kind not in (None, "map"):
                 raise ToolFailure(
