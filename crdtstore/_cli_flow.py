@@ -127,7 +127,10 @@ def render(status: FlowStatus) -> Group:
         if e.state == "done" and e.kind in ("python", "agent", "script"):
             line.append(f"  → {_short(e.result)}", "dim")
         if e.state == "failed" and e.error is not None:
-            line.append(f"  {e.error.get('code')}: {_short(e.error.get('message'), 80)}", "red")
+            inner = e.error.get("error") if isinstance(e.error.get("error"), dict) else None
+            code = (inner or e.error).get("code")  # the cause (EXIT_STATUS, ...) if known
+            why = e.error.get("reason") or e.error.get("message")
+            line.append(f"  {code}: {_short(why, 80)}", "red")
         parent = nodes.get(e.parent)
         nodes[e.path] = (parent or tree).add(line)
     return Group(tree)
@@ -141,6 +144,7 @@ async def _run(
     lease_ttl: float,
 ) -> Any:  # fmt: skip
     wf = load_spec(spec)
+    got: dict[str, Any] = {}
     async with (
         open_store(url, tenant=tenant, token=token) as store,
         anyio.create_task_group() as tg,
@@ -149,16 +153,24 @@ async def _run(
         async def stop_on_signal() -> None:
             with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                 async for _ in signals:
-                    tg.cancel_scope.cancel()
+                    tg.cancel_scope.cancel()  # steps recorded cancelled, leases released
                     return
 
+        async def kernel() -> None:
+            try:
+                got["result"] = await run_workflow(
+                    store, wf, run, allow_changed=allow_changed, lease_ttl=lease_ttl, token=token
+                )
+            except CrdtStoreError as exc:  # raised below, outside the task group
+                got["error"] = exc
+            finally:
+                tg.cancel_scope.cancel()
+
         tg.start_soon(stop_on_signal)
-        try:
-            return await run_workflow(
-                store, wf, run, allow_changed=allow_changed, lease_ttl=lease_ttl, token=token
-            )
-        finally:
-            tg.cancel_scope.cancel()
+        tg.start_soon(kernel)
+    if "error" in got:
+        raise got["error"]
+    return got.get("result")
 
 
 @flow_app.command("run")
