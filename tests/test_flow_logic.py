@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 from crdtstore.flow import AtLeast
 from crdtstore.flow._logic import (
     STATES,
+    Launcher,
+    Tally,
     backoff_delay,
     join_decision,
     plan_starts,
@@ -286,3 +288,44 @@ def test_model_of_random_workflows_with_crashes(tree: Node, seed: int, crashes: 
     clean = Model(random.Random(seed), None)
     assert clean.run(tree, "r") == outcome
     assert all(n == 1 for n in clean.runs.values())
+
+
+@given(st.data())
+def test_tally_is_join_decision_one_outcome_at_a_time(data: st.DataObject) -> None:
+    outcomes = data.draw(st.lists(OUTCOMES, min_size=1, max_size=12))
+    join = data.draw(joins(len(outcomes)))
+    order = data.draw(st.permutations(range(len(outcomes))))
+    tally = Tally(join, len(outcomes))
+    seen: list[str | None] = [None] * len(outcomes)
+    assert tally.decision() == join_decision(join, seen)
+    for i in order:
+        seen[i] = outcomes[i]
+        assert tally.add(outcomes[i]) == join_decision(join, seen)
+        if join == "all":
+            assert tally.decision() == sequence_decision(seen)
+
+
+@given(st.lists(st.booleans(), max_size=20), st.none() | st.integers(1, 5), st.randoms())
+def test_launcher_is_plan_starts(pre: list[bool], limit: int | None, rnd: random.Random) -> None:
+    """Branches recorded done (``pre``) are skipped; the rest start in order, at most
+    ``limit`` at once, whichever finishes first."""
+    started = list(pre)
+    finished = list(pre)
+    launcher = Launcher(list(pre), limit)
+    running: list[int] = []
+    while True:
+        want = plan_starts(started, finished, limit)
+        got = launcher.starts()
+        assert got == want
+        for i in got:
+            started[i] = True
+        running += got
+        if limit is not None:
+            assert len(running) <= limit
+        if not running:
+            break
+        i = rnd.choice(running)
+        running.remove(i)
+        finished[i] = True
+        launcher.finished()
+    assert all(started) and all(finished)

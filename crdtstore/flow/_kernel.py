@@ -25,13 +25,13 @@ from .._values import to_stored
 from ._errors import JoinFailed, KernelBusy, SpecChanged, SpecInvalid, StepFailed, StepTimeout
 from ._leaf import Records, run_leaf
 from ._logic import (
+    Launcher,
+    Tally,
     backoff_delay,
-    join_decision,
+    dependents,
     join_label,
-    plan_starts,
     ready_steps,
     resume_action,
-    sequence_decision,
 )
 from ._spec import (
     ParallelExecutor,
@@ -226,7 +226,7 @@ class Kernel:
     async def _put(self, entry: StepEntry) -> None:
         assert self._map is not None
         self.entries[entry.path] = entry
-        await self._map.set(entry.path, entry.model_dump(mode="json"))
+        await self._map.set(entry.path, entry.model_dump(mode="json", exclude_defaults=True))
 
     async def _put_run(self, entry: RunEntry) -> None:
         assert self._map is not None
@@ -275,14 +275,16 @@ class Kernel:
         the others and is raised."""
         await self._declare(steps, scope)
         deps = dependencies(steps)
+        after = dependents(deps)
         outcomes = self._recorded(steps, scope)
+        states: list[str | None] = [o.state if o is not None else None for o in outcomes]
         started = [o is not None for o in outcomes]
+        tally = Tally("all", len(steps))  # (a workflow's steps: sequence_decision)
+        for o in outcomes:
+            if o is not None:
+                tally.add(o.state)
         failure: StepFailed | None = None
-
-        def states() -> list[str | None]:
-            return [o.state if o is not None else None for o in outcomes]
-
-        if sequence_decision(states()) == "pending":
+        if tally.decision() == "pending":
             send, recv = anyio.create_memory_object_stream[tuple[int, _Outcome]](len(steps))
             with send, recv:
                 async with anyio.create_task_group() as tg:
@@ -291,19 +293,21 @@ class Kernel:
                         given = {steps[j].id: outcomes[j].result for j in deps[i]}  # type: ignore[union-attr]
                         send.send_nowait((i, await self._run_step(steps[i], scope, i, given)))
 
+                    ready = ready_steps(deps, started, states)
                     while True:
-                        for i in ready_steps(deps, started, states()):
+                        for i in ready:
                             started[i] = True
                             tg.start_soon(one, i)
                         i, out = await recv.receive()
-                        outcomes[i] = out
-                        decision = sequence_decision(states())
+                        outcomes[i], states[i] = out, out.state
+                        decision = tally.add(out.state)
                         if decision == "failed":
                             failure = out.exc
                             tg.cancel_scope.cancel()
                             break
                         if decision == "done":
                             break
+                        ready = ready_steps(deps, started, states, after[i])
         if failure is not None:
             raise failure
         return {s.id: o.result for s, o in zip(steps, outcomes, strict=True) if o is not None}
@@ -317,13 +321,14 @@ class Kernel:
         await self._declare(branches, inner)
         outcomes = self._recorded(branches, inner)
         started = [o is not None for o in outcomes]
-
-        def states() -> list[str | None]:
-            return [o.state if o is not None else None for o in outcomes]
-
-        decision = join_decision(ex.join, states())
+        tally = Tally(ex.join, len(branches))
+        for o in outcomes:
+            if o is not None:
+                tally.add(o.state)
+        decision = tally.decision()
         if decision == "pending":
             send, recv = anyio.create_memory_object_stream[tuple[int, _Outcome]](len(branches))
+            launcher = Launcher(started, ex.max_concurrency)  # (plan_starts, incrementally)
             with send, recv:
                 async with anyio.create_task_group() as tg:
 
@@ -331,13 +336,12 @@ class Kernel:
                         send.send_nowait((i, await self._run_step(branches[i], inner, i, results)))
 
                     while decision == "pending":
-                        finished = [o is not None for o in outcomes]
-                        for i in plan_starts(started, finished, ex.max_concurrency):
-                            started[i] = True
+                        for i in launcher.starts():
                             tg.start_soon(one, i)
                         i, out = await recv.receive()
+                        launcher.finished()
                         outcomes[i] = out
-                        decision = join_decision(ex.join, states())
+                        decision = tally.add(out.state)
                     tg.cancel_scope.cancel()
         report: dict[str, dict[str, Any]] = {}
         with anyio.CancelScope(shield=True):
