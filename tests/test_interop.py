@@ -41,6 +41,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 import crdtstore
 from crdtstore import Record
 from sync import Hub, TokenClaims, mint
+from tests._wait import until
 
 pytestmark = pytest.mark.anyio
 
@@ -246,14 +247,6 @@ async def py_record(hub: RunningHub, agent: str = "py") -> AsyncIterator[Record]
         store.open_record(RUN, agent, "tool") as rec,
     ):
         yield rec
-
-
-async def until(predicate: Callable[[], bool]) -> None:
-    """Poll ``predicate`` (a read of a record, which its journal tail keeps up to date in the
-    background) until it holds, under the deadline."""
-    with anyio.fail_after(DEADLINE):
-        while not predicate():
-            await anyio.sleep(0.01)
 
 
 async def journal(hub: RunningHub) -> list[Any]:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -28,6 +27,7 @@ import pytest
 
 from crdtstore import Record, Store, open_store
 from crdtstore._notify import _QUIET_NS
+from tests._wait import elapsed, until
 
 pytestmark = pytest.mark.anyio
 
@@ -36,15 +36,6 @@ RUN = "r"
 POLL = 30.0  # no poll in these tests: only a wake-up can make a reader read
 WOKEN = 3.0  # well under the poll interval
 DEADLINE = 10.0
-
-
-async def until(predicate: Callable[[], bool], deadline: float = DEADLINE) -> float:
-    """Wait for ``predicate`` under a deadline (polled); the seconds it took."""
-    start = time.monotonic()
-    with anyio.fail_after(deadline):
-        while not predicate():
-            await anyio.sleep(0.005)
-    return time.monotonic() - start
 
 
 async def write(rec: Record, key: str, value: int) -> None:
@@ -57,12 +48,14 @@ async def cache_listing(store: Store, rec: Record) -> None:
     folder (it does once the folder has been quiet for ``_QUIET_NS``, some 50 ms): commits
     after this one stat the folder instead of listing it."""
     notifier = store._notifier
-    i = 0
-    with anyio.fail_after(DEADLINE):
-        while notifier._listed_at is None:
-            await anyio.sleep(0.02)  # (lets the folder's last change grow old)
-            await write(rec, f"warm{i}", i)
-            i += 1
+    count = iter(range(1_000_000))
+
+    async def listed() -> bool:
+        i = next(count)
+        await write(rec, f"warm{i}", i)
+        return notifier._listed_at is not None
+
+    await until(listed, "the notifier to keep its listing", DEADLINE)
 
 
 async def test_a_store_opened_after_the_listing_was_cached_is_woken_by_the_next_commit(
@@ -82,18 +75,18 @@ async def test_a_store_opened_after_the_listing_was_cached_is_woken_by_the_next_
             b.open_record(RUN, "wb") as rb,
         ):
             await write(ra, "k1", 1)
-            assert await until(lambda: rb.map("m").get("k1") == 1) < WOKEN
+            assert await elapsed(lambda: rb.map("m").get("k1") == 1) < WOKEN
             assert a._notifier._listed_at != cached_at  # listed again: the folder changed
             assert a._notifier._listed == [b._notifier._own]
 
             # and the other way round
             await write(rb, "k2", 2)
-            assert await until(lambda: ra.map("m").get("k2") == 2) < WOKEN
+            assert await elapsed(lambda: ra.map("m").get("k2") == 2) < WOKEN
 
             # once the folder is quiet again, the new listing is cached and still wakes b
             await cache_listing(a, ra)
             await write(ra, "k3", 3)
-            assert await until(lambda: rb.map("m").get("k3") == 3) < WOKEN
+            assert await elapsed(lambda: rb.map("m").get("k3") == 3) < WOKEN
 
 
 async def test_dead_listeners_in_the_folder_are_removed_or_ignored(tmp_path: Path) -> None:
@@ -114,10 +107,10 @@ async def test_dead_listeners_in_the_folder_are_removed_or_ignored(tmp_path: Pat
         junk.write_text("not a socket")
 
         await write(ra, "k1", 1)  # no error
-        assert await until(lambda: rb.map("m").get("k1") == 1) < WOKEN  # b is still woken
+        assert await elapsed(lambda: rb.map("m").get("k1") == 1) < WOKEN  # b is still woken
         assert not dead.exists()  # ECONNREFUSED: removed
         await write(ra, "k2", 2)  # and again, with the folder changed by that removal
-        assert await until(lambda: rb.map("m").get("k2") == 2) < WOKEN
+        assert await elapsed(lambda: rb.map("m").get("k2") == 2) < WOKEN
         assert sorted(p.name for p in folder.iterdir() if p != junk) == sorted(
             Path(n._own).name for n in (a._notifier, b._notifier)
         )
@@ -146,9 +139,9 @@ async def test_the_writer_s_own_watch_is_not_woken_unless_shared(tmp_path: Path)
             event = watch.event
             await write(r1, "c", 3)
             assert event.is_set()  # woken: r2 has not got the entry
-            assert await until(lambda: r2.map("m").get("c") == 3) < WOKEN
+            assert await elapsed(lambda: r2.map("m").get("c") == 3) < WOKEN
             await write(r2, "d", 4)  # and the other way round
-            assert await until(lambda: r1.map("m").get("d") == 4) < WOKEN
+            assert await elapsed(lambda: r1.map("m").get("d") == 4) < WOKEN
 
         # alone again: no wake-up
         assert watch.users == 1
@@ -188,7 +181,7 @@ async def test_a_listing_made_while_the_folder_was_changing_is_not_kept(tmp_path
         ):
             os.utime(folder, ns=(stamp, stamp))  # b's socket: "in the same tick"
             await write(ra, "k1", 1)
-            assert await until(lambda: rb.map("m").get("k1") == 1) < WOKEN
+            assert await elapsed(lambda: rb.map("m").get("k1") == 1) < WOKEN
 
 
 async def test_a_commit_notifies_the_stores_of_its_tenant_only(tmp_path: Path) -> None:
@@ -207,7 +200,7 @@ async def test_a_commit_notifies_the_stores_of_its_tenant_only(tmp_path: Path) -
         assert other._notifier._own not in listed
         assert a._notifier._dir != other._notifier._dir
         await write(ra, "k", 1)
-        assert await until(lambda: rc.map("m").get("k") == 1) < WOKEN  # by the datagram
+        assert await elapsed(lambda: rc.map("m").get("k") == 1) < WOKEN  # by the datagram
 
 
 async def test_the_socket_folder_goes_with_its_last_socket(tmp_path: Path) -> None:

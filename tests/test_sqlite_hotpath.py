@@ -9,7 +9,6 @@ import inspect
 import os
 import sqlite3
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from crdtstore._backends import sqlite as sq
 from crdtstore._backends.sqlite import SQLiteJournal
 from crdtstore._journal import NewEntry
 from crdtstore._notify import Watch, _parse
+from tests._wait import until
 
 pytestmark = pytest.mark.anyio
 
@@ -59,12 +59,6 @@ def count_calls(monkeypatch: pytest.MonkeyPatch, obj: Any, name: str) -> list[in
 
         monkeypatch.setattr(obj, name, wrapper)
     return calls
-
-
-async def wait_for(cond: Callable[[], bool], seconds: float = 10.0) -> None:
-    with anyio.fail_after(seconds):
-        while not cond():
-            await anyio.sleep(0.001)
 
 
 async def test_small_reads_and_batched_appends_stay_on_the_loop_thread(
@@ -128,7 +122,7 @@ async def test_loop_connection_taken_falls_back_to_a_thread(tmp_path: Path) -> N
                 await anyio.lowlevel.checkpoint()
             assert done == []  # retrying, not blocking the loop
             lock.release()
-            await wait_for(lambda: done == [2])
+            await until(lambda: done == [2])
     finally:
         if lock.locked():
             lock.release()
@@ -157,7 +151,7 @@ async def test_busy_append_retries_until_the_lock_is_free(
                     await anyio.sleep(0.0005)
             assert done == [] and ticks >= 2
             other.execute("COMMIT")
-            await wait_for(lambda: done == [1, 2])
+            await until(lambda: done == [1, 2])
         assert [r.seq for r in await j.read("t", "r", 0, 10)] == [1, 2]
     finally:
         other.close()
@@ -209,11 +203,11 @@ async def test_loop_connection_checkpoints_in_the_background(
         idle = lambda: j._checkpointer is None or not j._checkpointer.is_alive()  # noqa: E731
         for i in range(200):  # writes race the checkpoints: nothing is lost
             await j.append("t", "r", [entry(i, size=2000)], durable=False)
-        await wait_for(idle)
+        await until(idle)
         assert checkpoints[0] >= 1
         for i in range(200, 400):  # each checkpoint done before the next write
             await j.append("t", "r", [entry(i, size=2000)], durable=False)
-            await wait_for(idle)
+            await until(idle)
         assert checkpoints[0] >= 25
         # without checkpoints the log would hold every commit (400 x 2 KB: over 1,000 frames);
         # with them it is emptied once it holds 200 frames
@@ -301,7 +295,7 @@ async def test_a_write_reaches_another_store_without_a_worker_thread(
     ):
         async with s1.open_record(run="r", agent="w") as w, s2.open_record(run="r", agent="r") as r:
             await w.map("m").set("k", -1)
-            await wait_for(lambda: r.map("m").get("k") == -1)
+            await until(lambda: r.map("m").get("k") == -1)
             hops = [
                 count_calls(monkeypatch, b, n)
                 for b in (s1._backend, s2._backend)
@@ -309,7 +303,7 @@ async def test_a_write_reaches_another_store_without_a_worker_thread(
             ]
             for i in range(20):
                 await w.map("m").set("k", i)
-                await wait_for(lambda: r.map("m").get("k") == i)  # noqa: B023
+                await until(lambda: r.map("m").get("k") == i)  # noqa: B023
             assert [h[0] for h in hops] == [0, 0, 0, 0]
 
 
@@ -337,9 +331,9 @@ async def test_datagram_position_reaches_the_other_process_watch(tmp_path: Path)
         w2 = s2._notifier.watch("t", "r")
         try:
             s1._notifier.notify("t", "r", 17)
-            await wait_for(lambda: w2.head == 17)
+            await until(lambda: w2.head == 17)
             s1._notifier.notify("t", "r")
-            await wait_for(lambda: w2.blind == 1)
+            await until(lambda: w2.blind == 1)
             assert w2.head == 17
             # a burst is taken in one pass, every datagram of it counted (a socket queues 10
             # datagrams by default, net.unix.max_dgram_qlen: a bigger burst may lose some,
@@ -348,7 +342,7 @@ async def test_datagram_position_reaches_the_other_process_watch(tmp_path: Path)
                 for i in range(3):
                     s1._notifier.notify("t", "r", 100 + burst * 3 + i)
                 s1._notifier.notify("t", "r")
-                await wait_for(lambda: w2.blind == 2 + burst)  # noqa: B023
+                await until(lambda: w2.blind == 2 + burst)  # noqa: B023
             assert w2.head == 129
         finally:
             s2._notifier.unwatch("t", "r")
@@ -364,22 +358,22 @@ async def test_tail_skips_wake_ups_for_positions_it_has_applied(
     ):
         async with s1.open_record(run="r", agent="w") as w, s2.open_record(run="r", agent="r") as r:
             await w.map("m").set("k", 1)
-            await wait_for(lambda: r.map("m").get("k") == 1)
+            await until(lambda: r.map("m").get("k") == 1)
             reads = count_calls(monkeypatch, s2._backend, "read")
             head = r.applied_seq
             for _ in range(5):  # announcements of what it has: no read
                 s1._notifier.notify(s1.tenant, "r", head)
             s1._notifier.notify(s1.tenant, "r", head + 1000)  # a newer one: it reads
-            await wait_for(lambda: reads[0] == 1)
+            await until(lambda: reads[0] == 1)
             s1._notifier.notify(s1.tenant, "r")  # a blind one: it reads
-            await wait_for(lambda: reads[0] == 2)
+            await until(lambda: reads[0] == 2)
             for _ in range(5):
                 s1._notifier.notify(s1.tenant, "r", head)
             # the position announced last (head + 1000) is still ahead of the record: every
             # wake-up reads until entries reach it, so nothing announced is ever skipped
-            await wait_for(lambda: reads[0] >= 3)
+            await until(lambda: reads[0] >= 3)
             await w.map("m").set("k", 2)
-            await wait_for(lambda: r.map("m").get("k") == 2)
+            await until(lambda: r.map("m").get("k") == 2)
 
 
 async def test_background_checkpoint_empties_a_long_log(
@@ -424,7 +418,7 @@ async def test_lost_wake_ups_are_caught_by_the_poll(tmp_path: Path) -> None:
         ):
             for i in range(3):
                 await w.map("m").set("k", i)
-                await wait_for(lambda: r.map("m").get("k") == i == r2.map("m").get("k"))  # noqa: B023
+                await until(lambda: r.map("m").get("k") == i == r2.map("m").get("k"))  # noqa: B023
 
 
 @given(

@@ -28,28 +28,22 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 
 from crdtstore import BackendError, Record, Store, open_store
 from crdtstore._backends.sqlite import SQLiteJournal
 from crdtstore._leases._api import WAKE_KEY
+from tests._wait import until
 from tests.test_sync_hub import RUN, TENANT, running_hub, token
 
 pytestmark = pytest.mark.anyio
 
 POLL = 0.05
 DEADLINE = 10.0
-
-
-async def until(predicate: Callable[[], bool], deadline: float = DEADLINE) -> None:
-    with anyio.fail_after(deadline):
-        while not predicate():
-            await anyio.sleep(0.005)
 
 
 def mute(store: Store) -> None:

@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,7 @@ from sync import (
     mint,
 )
 from sync._client import WsJournal
+from tests._wait import until
 
 pytestmark = pytest.mark.anyio
 
@@ -77,13 +78,6 @@ def token(
         }
     )
     return mint(SECRET, claims)
-
-
-async def until(predicate: Callable[[], bool], what: str = "condition") -> None:
-    """Wait for ``predicate`` under the deadline, polling on checkpoints (no fixed sleeps)."""
-    with anyio.fail_after(DEADLINE):
-        while not predicate():
-            await anyio.sleep(0.005)
 
 
 class HubThread:

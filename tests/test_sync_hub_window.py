@@ -46,6 +46,7 @@ from crdtstore import InvalidValue, open_store
 from crdtstore.cli import app
 from sync import CloseCode, HubLimits, SyncStep1, Update, decode, encode
 from sync._hub import _HubRecord, _Room
+from tests._wait import elapsed
 from tests.test_sync_hub import RUN, TENANT, HubUnderTest, Peer, peer_at, running_hub, token
 from tests.test_sync_hub_journal import hub_record, updates
 from tests.test_sync_processes import SECRET as PROCESS_SECRET
@@ -99,11 +100,11 @@ def journaled_keys(entries: list[Any]) -> list[str]:
 async def until_journaled(hub: HubUnderTest, keys: set[str], deadline: float = DEADLINE) -> float:
     """Wait until a fresh reader of the store file (another ``open_store``) sees every one of
     ``keys`` journaled; the seconds it took."""
-    start = time.monotonic()
-    with anyio.fail_after(deadline):
-        while not keys <= set(journaled_keys(await hub.journal())):
-            await anyio.sleep(0.01)
-    return time.monotonic() - start
+
+    async def journaled() -> bool:
+        return keys <= set(journaled_keys(await hub.journal()))
+
+    return await elapsed(journaled, f"{sorted(keys)} journaled", deadline)
 
 
 def room_record(hub: HubUnderTest) -> _HubRecord:

@@ -76,6 +76,7 @@ from sync import (
 from sync._lease_rpc import RemoteLeases, error_from_info, result_or_raise
 from sync._ops import OPS, OpContext, dispatch
 from sync._ops_leases import LEASE_OPS
+from tests._wait import until
 from tests.test_leases_model import LeaseMachine
 
 pytestmark = pytest.mark.anyio
@@ -196,13 +197,6 @@ async def acquire(
     return await b.request(tenant, owner, resources, ttl=ttl, key=key, proc=PROC, wait=wait)
 
 
-async def wait_for(predicate: Callable[[], Any], what: str) -> None:
-    """Poll ``predicate`` (a coroutine function) until it is true, under the deadline."""
-    with anyio.fail_after(DEADLINE):
-        while not await predicate():
-            await anyio.sleep(0.02)
-
-
 async def queue_behind(tg: Any, waiter: Any, leases: Any) -> anyio.Event:
     """Start ``waiter.acquire()`` in ``tg`` and return once ``leases`` shows one waiter; the
     event returned is set when the waiter holds the lease."""
@@ -217,7 +211,7 @@ async def queue_behind(tg: Any, waiter: Any, leases: Any) -> anyio.Event:
     async def queued() -> bool:
         return len((await leases.status()).waiters) == 1
 
-    await wait_for(queued, "the waiter queues")
+    await until(queued, "the waiter queues")
     return got
 
 
@@ -367,7 +361,7 @@ class TestThroughTheHub:
                 async def queued() -> bool:
                     return len((await remote.status(TENANT)).waiters) == 1
 
-                await wait_for(queued, "the embedded request is queued")
+                await until(queued, "the embedded request is queued")
                 await remote.release(TENANT, held.lease_id, "alice", held.token)
                 with anyio.fail_after(DEADLINE):
                     await got.wait()
@@ -691,7 +685,7 @@ async def test_a_release_through_the_backend_wakes_its_own_waiters_at_once() -> 
             async def queued() -> bool:
                 return len((await store.leases.status()).waiters) == 1
 
-            await wait_for(queued, "the waiter queues")
+            await until(queued, "the waiter queues")
             released_at = time.monotonic()
             await held.release()
             await got.wait()
@@ -871,7 +865,7 @@ async def test_a_fenced_write_with_another_agent_s_lease_is_refused(tmp_path: Pa
             lease = await alice_store.lease(["src/a.py"], ttl=5.0).acquire()
             await alice.map("files").set("src/a.py", "v1", lease=lease)
             await alice.flush()
-            await until_ws(lambda: bob.map("files").get("src/a.py") == "v1")
+            await until(lambda: bob.map("files").get("src/a.py") == "v1")
             before = await local.journal(RUN)
             # bob read alice's lease id and token (lease.status shows them) and forges a fence
             with pytest.raises(LeaseLost) as forged:
@@ -888,12 +882,6 @@ async def test_a_fenced_write_with_another_agent_s_lease_is_refused(tmp_path: Pa
             await alice.map("files").set("src/a.py", "v2", lease=lease)
             await lease.release()
         assert [e.agent for e in await local.journal(RUN)] == ["alice", "alice"]
-
-
-async def until_ws(predicate: Callable[[], bool]) -> None:
-    with anyio.fail_after(DEADLINE):
-        while not predicate():
-            await anyio.sleep(0.005)
 
 
 async def test_store_lease_through_the_ws_store_renews_and_hands_off(tmp_path: Path) -> None:
@@ -937,7 +925,7 @@ async def _handed_after(waiter_store: Store, release: Callable[[], Any]) -> floa
         async def queued() -> bool:
             return len((await waiter_store.leases.status()).waiters) == 1
 
-        await wait_for(queued, "the waiter queues")
+        await until(queued, "the waiter queues")
         released_at = time.monotonic()
         when = await release()
         with anyio.fail_after(DEADLINE):

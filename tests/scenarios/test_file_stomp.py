@@ -17,6 +17,7 @@ import pytest
 
 import crdtstore
 from tests._lease_harness import LeaseProc, processes
+from tests._wait import until
 
 pytestmark = pytest.mark.anyio
 
@@ -27,9 +28,10 @@ def anyio_backend() -> str:
 
 
 async def _waiting(store: crdtstore.Store, n: int) -> None:
-    with anyio.fail_after(30):
-        while len((await store.leases.status(reap=False)).waiters) < n:
-            await anyio.sleep(0.005)
+    async def queued() -> bool:
+        return len((await store.leases.status(reap=False)).waiters) >= n
+
+    await until(queued, f"{n} waiters")
 
 
 async def test_killed_holder_is_reaped_at_once(tmp_path: Path) -> None:
@@ -40,16 +42,19 @@ async def test_killed_holder_is_reaped_at_once(tmp_path: Path) -> None:
         holder.wait_line("GRANT")
         async with crdtstore.open_store(url) as store:
             killed_at: list[float] = []
+            lease = store.lease(["src/a.py"], ttl=30, owner="B", timeout=20)
 
             async def kill_when_waiting() -> None:
                 await _waiting(store, 1)
-                await anyio.sleep(0.05)  # let the waiter settle into its wait
+                # the waiter has its answer (not granted): from its next step on it watches
+                # the holder's process, with no checkpoint in between
+                await until(lambda: lease.state is not None, "the waiter's answer")
                 killed_at.append(time.monotonic())
                 holder.kill()
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(kill_when_waiting)
-                async with store.lease(["src/a.py"], ttl=30, owner="B", timeout=20) as lease:
+                async with lease:
                     granted_at = time.monotonic()
             assert lease.token > 0
             latency = granted_at - killed_at[0]
