@@ -380,7 +380,7 @@ async def run_sequential(w: Agents, c: Call, pin: bool) -> None:
 
 
 async def run_burst(w: Agents, calls: list[Call]) -> None:
-    """Calls of distinct agents at the same time."""
+    """Calls at the same time (of several agents, or several of one agent)."""
     results: list[dict[str, Any]] = [{} for _ in calls]
 
     async def one(n: int) -> None:
@@ -503,9 +503,9 @@ async def test_random_tool_calls_converge_and_lose_no_acknowledged_write(
                 c = draw_call(data, w, i, kinds)
                 await run_sequential(w, c, pin=data.draw(st.booleans(), label="pin"))
             elif step == "burst":
+                # an agent may be there twice: a model's parallel tool calls
                 who = data.draw(
-                    st.lists(st.integers(0, n - 1), min_size=2, max_size=n, unique=True),
-                    label="burst",
+                    st.lists(st.integers(0, n - 1), min_size=2, max_size=n + 1), label="burst"
                 )
                 await run_burst(w, [draw_call(data, w, i, BURST_KINDS) for i in who])
             else:
@@ -946,3 +946,23 @@ async def test_a_collection_another_agent_just_made_is_read_as_its_kind(
         assert (log.get("kind"), log.get("total")) == ("list", 1), log
         facts = await call(tb, "store_get", {"collection": "facts"})
         assert (facts.get("kind"), facts.get("total")) == ("map", 1), facts
+
+
+async def test_a_map_page_of_long_keys_fits_the_budget_with_its_cursor(
+    anyio_backend: str,
+) -> None:
+    """A map page's ``next_cursor`` holds the page's last key: with keys near the 1,024
+    characters a key may have, the cursor must count against the budget too."""
+    async with (
+        crdtstore.open_store("memory://") as store,
+        store.open_record(run="r", agent="writer") as rec,
+    ):
+        for i in range(20):
+            await rec.map("m").set("k" * 1000 + f"{i:02}", i)
+        tools = Toolset(rec)
+        page = await call(tools, "store_get", {"collection": "m"})
+        assert page["next_cursor"] is not None, "20 keys of 1 KB are more than one page"
+        assert estimate_tokens(page) <= tools.max_result_tokens + TOKEN_SLACK, (
+            f"a map page of {estimate_tokens(page):.0f} tokens, budget {tools.max_result_tokens}"
+            f" (its cursor alone {len(page['next_cursor']) / 4:.0f})"
+        )
