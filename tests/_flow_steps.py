@@ -4,7 +4,8 @@
 so a line read whole was written whole before any kill) and writes to the record: it appends
 its call id to the list ``log`` and sets ``out[<step path>]`` to the step path (the same in
 every attempt). With ``inputs.gate`` it waits until that file exists before it ends; with
-``inputs.sleep`` it sleeps that long first.
+``inputs.sleep`` it sleeps that long first. A ``start`` line ends with the rank of the
+step's lease (0 without one).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ def report(path: str, *parts: object) -> None:
 
 async def work(ctx: StepContext) -> dict[str, Any]:
     log = ctx.inputs["log"]
-    report(log, "start", ctx.step, ctx.attempt, os.getpid(), time.monotonic())
+    rank = ctx.lease.rank if ctx.lease is not None else 0  # its place in the lease queue
+    report(log, "start", ctx.step, ctx.attempt, os.getpid(), time.monotonic(), rank)
     await ctx.list("log").append(ctx.call_id)
     await ctx.map("out").set(ctx.step, ctx.step)
     await ctx.record.flush()

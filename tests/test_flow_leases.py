@@ -199,7 +199,11 @@ async def test_leases_are_released_on_failure_and_on_cancellation(
         await anyio.sleep(60)
 
     async def fast(ctx: StepContext) -> None:
-        pass
+        def bad_failed() -> bool:  # the kernel's own record of it, as every agent sees it
+            entry = ctx.record.map("flow").get("p/bad")
+            return entry is not None and entry["state"] == "failed"
+
+        await until(bad_failed, "bad to fail first")
 
     spec = wf({"id": "p", "kind": "parallel", "join": "any", "branches": [
         {"id": "bad", "kind": "python", "call": bad, "owned_files": ["x"]},

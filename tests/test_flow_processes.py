@@ -262,10 +262,20 @@ async def test_two_kernels_with_overlapping_files_never_hold_one_together(
     pid_run = {k.proc.pid: run for k, run in zip(kernels, ("ra", "rb"), strict=True)}
     intervals = [(pid_run[pid], path, *ts) for (pid, path), ts in spans.items()]
     assert len(intervals) == 10
+    ranks = {(int(p[3]), p[1]): int(p[5]) for p in lines(log) if p[0] == "start"}
     for i, (ra, pa, s1, e1) in enumerate(intervals):
         for rb, pb, s2, e2 in intervals[i + 1 :]:
             if set(owned[f"{ra}/{pa}"]) & set(owned[f"{rb}/{pb}"]):
-                assert e1 <= s2 or e2 <= s1, (ra, pa, rb, pb)
+                assert e1 <= s2 or e2 <= s1, (ra, pa, rb, pb)  # never two holders at once
+    # FIFO: of two requests sharing a file, the earlier (lower rank) was granted first
+    spans_by = {
+        (pid_run[pid], path): (ranks[(pid, path)], ts[0]) for (pid, path), ts in spans.items()
+    }
+    items = sorted(spans_by.items(), key=lambda kv: kv[1][0])
+    for i, ((ra, pa), (rank_a, start_a)) in enumerate(items):
+        for (rb, pb), (rank_b, start_b) in items[i + 1 :]:
+            if set(owned[f"{ra}/{pa}"]) & set(owned[f"{rb}/{pb}"]):
+                assert rank_a < rank_b and start_a < start_b, (ra, pa, rb, pb)
 
 
 @st.composite

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .._errors import CrdtStoreError
@@ -60,7 +60,7 @@ class StepContext:
         results: Mapping[str, Any],
         lease: Lease | None,
         view: View | None,
-        tools: Toolset,
+        tools: Callable[[], Toolset],
         tool_schemas: list[dict[str, Any]] | None = None,
         allowed_tools: list[str] | None = None,
     ) -> None:
@@ -77,9 +77,18 @@ class StepContext:
         self.lease = lease
         self.files: tuple[str, ...] = lease.resources if lease is not None else ()
         self.view = view
-        self.tools = tools
+        self._make_tools = tools
+        self._tools: Toolset | None = None
         self.tool_schemas = list(tool_schemas or [])
         self.allowed_tools = allowed_tools
+
+    @property
+    def tools(self) -> Toolset:
+        """The step's toolset (made on first use: a step that does not use it does not pay
+        for it)."""
+        if self._tools is None:
+            self._tools = self._make_tools()
+        return self._tools
 
     def map(self, name: str) -> MapCollection | ScopedMap:
         """The map ``name``, through the step's view if it has one (``PolicyViolation``

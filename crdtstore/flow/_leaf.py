@@ -106,43 +106,50 @@ async def run_leaf(
     fn = _callable(executor.call)
     rec = await records.get(run, agent)
     agent_ex = executor if isinstance(executor, AgentExecutor) else None
-    is_agent = agent_ex is not None
     scoped = rec.view(view) if view is not None else None
-    tools = Toolset(rec, view=scoped, source="model" if is_agent else "tool")
-    if lease is not None:
-        # The toolset fences every write to a key its held leases cover: handing it the
-        # step's lease fences the tools' writes to the step's files too. (Toolset keeps its
-        # leases in a private dict; it is taken out again below so that closing the toolset
-        # does not release the step's lease, which the kernel releases itself.)
-        tools._leases[lease.lease_id] = lease
+    source = "model" if agent_ex is not None else "tool"
+
+    def make_tools() -> Toolset:
+        tools = Toolset(rec, view=scoped, source=source)
+        if lease is not None:
+            # The toolset fences every write to a key its held leases cover: handing it the
+            # step's lease fences the tools' writes to the step's files too. (Toolset keeps
+            # its leases in a private dict; the lease is taken out again below, so that
+            # closing the toolset does not release it: the kernel releases it itself.)
+            tools._leases[lease.lease_id] = lease
+        return tools
+
+    ctx = StepContext(
+        store=store,
+        record=rec,
+        run=run,
+        root_run=root_run,
+        step=step,
+        attempt=attempt,
+        call_id=call_id,
+        agent=agent,
+        inputs=inputs,
+        results=results,
+        lease=lease,
+        view=scoped,
+        tools=make_tools,
+        allowed_tools=agent_ex.tools if agent_ex else None,
+    )
+    if agent_ex is not None:
+        # every store tool, whatever the allowlist of the agent's own tools says (seed 000)
+        ctx.tool_schemas = ctx.tools.schemas(agent_ex.tools_format)
     try:
-        ctx = StepContext(
-            store=store,
-            record=rec,
-            run=run,
-            root_run=root_run,
-            step=step,
-            attempt=attempt,
-            call_id=call_id,
-            agent=agent,
-            inputs=inputs,
-            results=results,
-            lease=lease,
-            view=scoped,
-            tools=tools,
-            # every store tool, whatever the allowlist of the agent's own tools says
-            tool_schemas=tools.schemas(agent_ex.tools_format) if agent_ex else None,
-            allowed_tools=agent_ex.tools if agent_ex else None,
-        )
-        with rec.attributed(call=call_id, source="model" if is_agent else None):
+        with rec.attributed(call=call_id, source=source if agent_ex is not None else None):
             result = await fn(ctx)
         await rec.flush()  # the attempt's writes are in the journal before it is done
     finally:
-        if lease is not None:
-            tools._leases.pop(lease.lease_id, None)
-        with anyio.CancelScope(shield=True):
-            try:
-                await tools.aclose()  # leases and claims the step took through its tools
-            except CrdtStoreError as exc:
-                log.warning("step %s: closing its tools failed: %s", call_id, exc)
+        tools = ctx._tools
+        if tools is not None:
+            if lease is not None:
+                tools._leases.pop(lease.lease_id, None)
+            with anyio.CancelScope(shield=True):
+                try:
+                    await tools.aclose()  # leases and claims the step took through its tools
+                except CrdtStoreError as exc:
+                    log.warning("step %s: closing its tools failed: %s", call_id, exc)
     return result
