@@ -77,9 +77,17 @@ async def test_small_reads_and_batched_appends_stay_on_the_loop_thread(
         # a durable append syncs the log: it goes to the worker thread
         assert await j.append("t", "r", [entry(9)], durable=True) == [4]
         assert thread_writes[0] == 1
-        # a big read (more rows than INLINE_ROWS) too
-        rows = await j.read("t", "r", 0, sq.INLINE_ROWS + 1)
-        assert [r.seq for r in rows] == [1, 2, 3, 4] and thread_reads[0] == 1
+        # a read asking for many rows that finds few stays on the loop thread (a sync)
+        rows = await j.read("t", "r", 0, 10_000)
+        assert [r.seq for r in rows] == [1, 2, 3, 4] and thread_reads[0] == 0
+        # one that finds more than INLINE_ROWS is made again in a thread, complete
+        more = [entry(i) for i in range(sq.INLINE_ROWS)]
+        await j.append("t", "r", more, durable=False)
+        rows = await j.read("t", "r", 0, 10_000)
+        assert [r.seq for r in rows] == list(range(1, sq.INLINE_ROWS + 5))
+        assert thread_reads[0] == 1
+        rows = await j.read("t", "r", 0, sq.INLINE_ROWS)  # exactly a page: complete inline
+        assert len(rows) == sq.INLINE_ROWS and thread_reads[0] == 1
     finally:
         await j.aclose()
 
