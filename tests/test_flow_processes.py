@@ -211,6 +211,46 @@ async def test_kill9_while_waiting_keeps_the_place_in_the_queue(
     assert st.step("edit").entry.attempt == 1  # type: ignore[union-attr]
 
 
+async def test_a_script_left_running_by_a_killed_kernel_is_stopped_before_its_retry(
+    tmp_path: Path, store: crdtstore.Store, kernels: list[KernelProc]
+) -> None:
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"name": "orphan", "steps": [{
+        "id": "s", "kind": "script", "owned_files": ["src/a.py"],
+        "run": 'test "$CRDTSTORE_ATTEMPT" = 1 && sleep 60; echo attempt $CRDTSTORE_ATTEMPT',
+    }]}))  # fmt: skip
+    url = f"sqlite:///{tmp_path}/store.db"
+    k = KernelProc(tmp_path, spec, url, "r1", "k1")
+    kernels.append(k)
+
+    async def recorded() -> Any:
+        try:
+            s = (await flow_status(store, "r1")).step("s")
+        except crdtstore.UnknownRun:
+            return None
+        return s.entry.process if s is not None and s.entry.state == "running" else None
+
+    proc = await until(recorded, "the script's process in the state", DEADLINE)
+    assert _alive(proc.pid)
+    k.kill9()
+    assert _alive(proc.pid)  # the kernel is gone, its command is not (a session of its own)
+    k2 = KernelProc(tmp_path, spec, url, "r1", "k2")
+    kernels.append(k2)
+    assert await k2.exit_code() == 0, k2.stderr()
+    await until(lambda: not _alive_not_zombie(proc.pid), "the left-over command to be stopped")
+    st = (await flow_status(store, "r1")).step("s")
+    assert st is not None and st.entry.attempt == 2 and st.entry.process is None
+    assert st.entry.result["stdout"] == "attempt 2"
+
+
+def _alive_not_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 async def _eq(value: Any, want: Any) -> bool:
     return (await value) == want
 

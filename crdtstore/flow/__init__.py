@@ -48,7 +48,10 @@ journaled, before its body runs, so no two attempts share a call id; its writes 
 before it is recorded ``done``. On restart (same spec, same run): ``done`` steps are not run
 again (their results come from the record); ``waiting_on_lock`` ones re-attach with the same
 attempt; ``running``, ``failed``, ``cancelled`` and ``pending`` ones run as a new attempt.
-The writes of an attempt that did not complete **stay in the record**, marked with that
+A ``script`` step's process group is recorded while it runs; a kernel restarted on the same
+host kills a command the killed kernel left running (pid and start time must match) before
+retrying the step, so two attempts of it never run at once. The writes of an attempt that did
+not complete **stay in the record**, marked with that
 attempt's call id (visible in ``history`` and ``journal``); the writes of each attempt
 recorded ``done`` are in the record exactly once. Map writes that a re-run repeats converge
 to the same value; a list append of a crashed attempt stays next to the retry's, told apart

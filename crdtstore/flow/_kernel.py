@@ -33,6 +33,7 @@ from ._logic import (
     ready_steps,
     resume_action,
 )
+from ._script import stop_left_over
 from ._spec import (
     ParallelExecutor,
     Step,
@@ -48,6 +49,7 @@ from ._state import (
     STATE_COLLECTION,
     STATE_SCHEMA,
     LeaseRef,
+    ProcessRef,
     RunEntry,
     StepEntry,
     Waiter,
@@ -128,7 +130,7 @@ class Kernel:
 
     # -- the run ------------------------------------------------------------------------------
 
-    async def start(self) -> Any:
+    async def execute(self) -> Any:
         """Run the workflow to its end and return its result (``{step id: result}``).
 
         Raises:
@@ -379,6 +381,11 @@ class Kernel:
             assert prev is not None
             return _Outcome("done", prev.result)
         attempt, reattach, retry = action.attempt, action.reattach, 0
+        proc = prev.process if prev is not None and prev.state == "running" else None
+        local = proc is not None and proc.host == socket.gethostname() and bool(proc.start)
+        if local and proc is not None and stop_left_over(proc.pid, proc.start):
+            log.warning("step %s: stopped the command (pid %d) a killed kernel left running",
+                        path, proc.pid)  # fmt: skip
         try:
             while True:
                 out = await self._attempt(step, scope, index, attempt, reattach, results)
@@ -393,6 +400,7 @@ class Kernel:
                 if last is not None and last.state != "cancelled":
                     await self._put(last.model_copy(update={
                         "state": "cancelled", "ended": time.time(), "lease": None,
+                        "process": None,
                     }))  # fmt: skip
             raise
 
@@ -530,7 +538,16 @@ class Kernel:
             lease=lease,
             view=step.view,
             token=self.token,
+            started=lambda pid, start: self._script_started(path, pid, start),
         )
+
+    async def _script_started(self, path: str, pid: int, start: str) -> None:
+        """Record the process of a running script (journaled: a kernel restarted after a
+        ``kill -9`` stops it before retrying the step, so two attempts never run at once)."""
+        entry = self.entries[path]
+        ref = ProcessRef(host=socket.gethostname(), pid=pid, start=start)
+        await self._put(entry.model_copy(update={"process": ref}))
+        await self._flush()
 
 
 async def run_workflow(
@@ -564,4 +581,4 @@ async def run_workflow(
 
     wf = load_spec(spec)
     kernel = Kernel(store, wf, run, allow_changed=allow_changed, lease_ttl=lease_ttl, token=token)
-    return await kernel.start()
+    return await kernel.execute()

@@ -4,7 +4,7 @@ and their environment."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -82,6 +82,7 @@ async def run_leaf(
     lease: Lease | None,
     view: list[str] | None,
     token: str | None,
+    started: Callable[[int, str], Awaitable[None]] | None = None,
 ) -> Any:
     """Run one attempt of a leaf step and return its result. The attempt's record writes are
     journaled (flushed) before this returns."""
@@ -101,7 +102,7 @@ async def run_leaf(
         if lease is not None:
             env["CRDTSTORE_LEASE_ID"] = lease.lease_id
             env["CRDTSTORE_LEASE_TOKEN"] = str(lease.token)
-        return await run_script(executor, env, step=step, attempt=attempt)
+        return await run_script(executor, env, step=step, attempt=attempt, on_start=started)
 
     fn = _callable(executor.call)
     rec = await records.get(run, agent)

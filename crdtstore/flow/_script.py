@@ -27,7 +27,7 @@ import signal
 import subprocess
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import anyio
@@ -36,7 +36,7 @@ from anyio.abc import ByteReceiveStream
 from ._errors import StepFailed
 from ._spec import ScriptExecutor
 
-__all__ = ["run_script"]
+__all__ = ["process_start", "run_script", "stop_left_over"]
 
 MAX_LINE = 1000  # characters kept of one output line
 
@@ -64,11 +64,38 @@ def _kill_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
+def process_start(pid: int) -> str | None:
+    """The start time of process ``pid`` (clock ticks since boot, /proc), None if it is gone
+    (or there is no /proc): with the pid it names one process, whatever reuse of pids."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[-1].split()[19]  # field 22, counted after the command name
+
+
+def stop_left_over(pid: int, start: str) -> bool:
+    """Kill the process group of a command a killed kernel left running, if that process is
+    still the one recorded; return whether it was."""
+    if process_start(pid) != start:
+        return False
+    _kill_group(pid)
+    return True
+
+
 async def run_script(
-    ex: ScriptExecutor, env: Mapping[str, str], *, step: str, attempt: int
+    ex: ScriptExecutor,
+    env: Mapping[str, str],
+    *,
+    step: str,
+    attempt: int,
+    on_start: Callable[[int, str], Awaitable[None]] | None = None,
 ) -> dict[str, Any]:
     """Run the command to its end; return ``{"exit_code", "duration", "stdout", "stderr"}``
     (the last ``ex.tail`` lines of each).
+
+    ``on_start(pid, start_time)`` is awaited once the command runs (the kernel records it).
 
     Raises:
         StepFailed: it could not be started, or exited with a non-zero status (the result is
@@ -94,6 +121,8 @@ async def run_script(
             error={"code": "SCRIPT_START", "message": str(exc)},
         ) from None  # fmt: skip
     try:
+        if on_start is not None:
+            await on_start(proc.pid, process_start(proc.pid) or "")
         drained = (anyio.Event(), anyio.Event())
         async with anyio.create_task_group() as tg:
             tg.start_soon(_drain, proc.stdout, out, drained[0])

@@ -21,6 +21,7 @@ __all__ = [
     "STATE_COLLECTION",
     "STATE_SCHEMA",
     "LeaseRef",
+    "ProcessRef",
     "RunEntry",
     "StepEntry",
     "Waiter",
@@ -44,6 +45,15 @@ class LeaseRef(_Entry):
 
     id: str
     token: int
+
+
+class ProcessRef(_Entry):
+    """The process a ``script`` step runs (its process group): how a restarted kernel finds
+    and stops a command that a killed kernel left running, before retrying the step."""
+
+    host: str
+    pid: int
+    start: str  # the process's start time (/proc/<pid>/stat), against pid reuse
 
 
 class Waiter(_Entry):
@@ -89,6 +99,7 @@ class StepEntry(_Entry):
     files: list[str] = Field(default_factory=list)
     lease: LeaseRef | None = None
     waiting: Waiting | None = None
+    process: ProcessRef | None = None  # script steps while running
     join: str | None = None  # parallel steps: all | any | at_least K
     started: float | None = None
     ended: float | None = None
