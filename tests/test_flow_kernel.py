@@ -523,3 +523,54 @@ async def test_cancelling_the_kernel_records_cancelled_and_releases_leases(
     assert (await flow_status(store, "r1")).run.state == "cancelled"  # type: ignore[union-attr]
     status = await store.leases.status()
     assert not status.holders and not status.waiters
+
+
+async def test_a_retried_parallel_step_reruns_only_its_unfinished_branches(
+    store: crdtstore.Store,
+) -> None:
+    calls = Calls()
+
+    async def body(ctx: StepContext) -> str:
+        calls.paths.append(ctx.step)
+        if ctx.step == "p/b" and calls.count("p/b") == 1:
+            raise RuntimeError("once")
+        return ctx.step
+
+    spec = wf(par("p", [py("a", body), py("b", body)], retries=1, backoff=0))
+    result = await run_workflow(store, spec, "r1")
+    assert result["p"]["outcomes"] == {"a": "done", "b": "done"}
+    assert (calls.count("p/a"), calls.count("p/b")) == (1, 2)
+    e = await entries(store, "r1")
+    assert (e["p"].attempt, e["p/a"].attempt, e["p/b"].attempt) == (2, 1, 2)
+
+
+async def test_a_parallel_step_times_out_as_a_whole(store: crdtstore.Store) -> None:
+    async def slow(ctx: StepContext) -> None:
+        await anyio.sleep(30)
+
+    spec = wf(par("p", [py("a", slow), py("b", slow)], timeout=0.1))
+    with anyio.fail_after(10), pytest.raises(StepTimeout) as info:
+        await run_workflow(store, spec, "r1")
+    assert info.value.step == "p"
+    e = await entries(store, "r1")
+    assert (e["p"].state, e["p/a"].state, e["p/b"].state) == ("failed", "cancelled", "cancelled")
+
+
+async def test_state_entries_follow_their_documented_schema(store: crdtstore.Store) -> None:
+    async def body(ctx: StepContext) -> int:
+        return 1
+
+    await run_workflow(store, wf(py("a", body), par("p", [py("x", body)], join="any")), "r1")
+    async with store.open_record("r1", "reader") as rec:
+        raw = rec.map(STATE_COLLECTION).to_dict()
+    assert set(raw) == {"@run", "a", "p", "p/x"}
+    for key, value in raw.items():
+        if key != "@run":
+            entry = StepEntry.model_validate(value)
+            assert entry.path == key and entry.state == "done" and entry.attempt == 1
+    assert StepEntry.model_validate(raw["p"]).join == "any"
+    assert StepEntry.model_validate(raw["p/x"]).parent == "p"
+    assert set(StepEntry.model_json_schema()["properties"]) >= {
+        "path", "state", "attempt", "call", "lease", "waiting", "started", "ended", "result",
+        "error", "files", "run", "agent", "process",
+    }  # fmt: skip
