@@ -124,7 +124,11 @@ def render(status: FlowStatus) -> Group:
                 for a in ahead
             )  # fmt: skip
             line.append(f" files {', '.join(e.waiting.files)}; ahead: {who or '-'}", "yellow")
-        if e.state == "done" and e.kind in ("python", "agent", "script"):
+        if e.state == "done" and e.kind == "script" and isinstance(e.result, dict):
+            last = str(e.result.get("stdout") or "").rsplit("\n", 1)[-1]
+            tail = f": {last[:60]}" if last else ""
+            line.append(f"  → exit {e.result.get('exit_code')}{tail}", "dim")
+        elif e.state == "done" and e.kind in ("python", "agent"):
             line.append(f"  → {_short(e.result)}", "dim")
         if e.state == "failed" and e.error is not None:
             inner = e.error.get("error") if isinstance(e.error.get("error"), dict) else None
