@@ -76,9 +76,9 @@ def test_each_command_prints_its_tools_json_and_exits_0(tmp_path: Path) -> None:
     code, page = tool(db, "get", "findings")
     assert code == 0 and [e["key"] for e in page["entries"]] == ["f1"]
 
-    assert tool(db, "append", "log", '"looked at the cache"')[1]["length"] == 1
+    assert tool(db, "append", "log", '"looked at the cache"')[1]["ok"] is True
     code, appended = tool(db, "append", "log", '{"step": 2}', "--source", "tool")
-    assert code == 0 and appended["length"] == 2
+    assert code == 0 and appended["ok"] is True
     code, log = tool(db, "get", "log")
     assert [i["value"] for i in log["items"]] == ["looked at the cache", {"step": 2}]
 

@@ -46,10 +46,12 @@ def jsonable(value: Any) -> Any:
 
 
 def provenance(p: Provenance | None) -> dict[str, Any] | None:
+    """Who wrote a value, as JSON (its journal position is the entry's ``version``)."""
     if p is None:
         return None
-    out = p.model_dump(mode="json", exclude_none=True)
-    out.pop("seq", None)  # it is the entry's `version`
+    out = {"run": p.run, "agent": p.agent, "source": p.source, "wall_time": p.wall_time}
+    if p.call is not None:
+        out["call"] = p.call
     return out
 
 

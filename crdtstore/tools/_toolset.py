@@ -168,9 +168,13 @@ class Toolset:
                 f"{name} changes the record; this agent's tools are read-only",
                 tool=name, run=self.record.run,
             )  # fmt: skip
+        run = getattr(self, f"_{name}")
         try:
-            with self.record.attributed(source=self.source, call=call_id):
-                result: dict[str, Any] = await getattr(self, f"_{name}")(args)
+            if spec.writes:
+                with self.record.attributed(source=self.source, call=call_id):
+                    result: dict[str, Any] = await run(args)
+            else:
+                result = await run(args)
         except ToolFailure as exc:
             return {"error": exc.error}
         except CrdtStoreError as exc:
@@ -303,7 +307,7 @@ class Toolset:
         out: dict[str, Any] = {
             "collection": collection,
             "key": key,
-            "exists": key in m,
+            "exists": value is not None or key in m,
             "version": version or 0,
             "provenance": provenance(m.provenance(key)),
             "collection_version": self._coll_version(collection),
@@ -320,8 +324,10 @@ class Toolset:
             if not isinstance(start, int) or not 0 <= start <= len(text):
                 raise ToolFailure("INVALID_ARGUMENTS", "cursor out of range; omit it")
             out["changed_since_cursor"] = at != out["version"]
-        size = max(1, (self.max_result_tokens - tokens_of(out) - 50) * 3)
-        chunk = text[start : start + size]
+        room = self.max_result_tokens - tokens_of(out) - 50
+        chunk = text[start : start + max(1, room * 3)]
+        while len(chunk) > 1 and tokens_of(chunk) > room:  # escapes take more room: shrink
+            chunk = chunk[: len(chunk) * 3 // 4]
         end = start + len(chunk)
         out.update(value_json=chunk, value_json_offset=start, value_json_total=len(text))
         out["next_cursor"] = (
@@ -591,13 +597,12 @@ class Toolset:
         self._see_all(a.collection)
         rec = self.record
         lst = rec.list(a.collection)
-        await rec.sync()
+        await rec.sync()  # append after what others appended so far, not beside it
         await lst.append(a.value)
         await rec.flush()
         return {
             "ok": True,
             "collection": a.collection,
-            "length": len(lst),
             "collection_version": self._coll_version(a.collection),
         }
 
