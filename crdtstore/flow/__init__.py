@@ -39,8 +39,13 @@ and end times, result or error. The journal of that map is the kernel's history.
 ``flow:<run>``, key ``(path, attempt)``), taken before it runs and released when it ends,
 fails or is cancelled. If they are held, the step is recorded ``waiting_on_lock`` *before*
 it queues, so a kernel restarted within the lease TTL asks again with the same key and keeps
-its FIFO place. Writes to keys naming those files, through :meth:`StepContext.put` or the
-step's tools, are fenced with the lease's token.
+its FIFO place (branches started together queue in the order they ask). Writes to keys naming
+those files, through :meth:`StepContext.put` or the step's tools, are fenced with the lease's
+token.
+
+**Records.** Steps write through one record per (run, agent), opened on first use and shared
+by the steps of that agent (default: the workflow's ``agent``, else its ``name``); a step
+that needs an identity of its own names its ``agent``.
 
 **Resume: kept and marked.** Every write an attempt makes is journaled with its call id
 ``<run>:<path>#<attempt>`` (``Record.attributed``); the attempt is recorded ``running``, and
@@ -51,9 +56,9 @@ attempt; ``running``, ``failed``, ``cancelled`` and ``pending`` ones run as a ne
 A ``script`` step's process group is recorded while it runs; a kernel restarted on the same
 host kills a command the killed kernel left running (pid and start time must match) before
 retrying the step, so two attempts of it never run at once. The writes of an attempt that did
-not complete **stay in the record**, marked with that
-attempt's call id (visible in ``history`` and ``journal``); the writes of each attempt
-recorded ``done`` are in the record exactly once. Map writes that a re-run repeats converge
+not complete **stay in the record**, marked with that attempt's call id (visible in
+``history`` and ``journal``); the writes of each attempt recorded ``done`` are in the record
+exactly once. Map writes that a re-run repeats converge
 to the same value; a list append of a crashed attempt stays next to the retry's, told apart
 by its call id. Stage-and-commit (an attempt's writes journaled together with its completion)
 was not chosen: ``rec.transaction()`` refuses guarded and fenced writes inside it (so a step
