@@ -210,14 +210,27 @@ async def test_script_timeout_kills_the_process_group(
 # -- joins and concurrency ----------------------------------------------------------------------
 
 
-def branch_fns(calls: Calls, plan: dict[str, tuple[float, bool]]) -> list[dict[str, Any]]:
-    """A branch per entry: (seconds it takes, whether it succeeds)."""
+Plan = dict[str, tuple[str | None, str]]
+
+
+def branch_fns(calls: Calls, plan: Plan) -> list[dict[str, Any]]:
+    """A branch per entry: (the branch whose end it waits for, in the kernel's state as every
+    agent sees it, or None; then ``ok``, ``fail`` or ``hang``). Orders are conditions, not
+    delays, so that a loaded machine cannot reorder them."""
 
     async def body(ctx: StepContext) -> str:
         calls.paths.append(ctx.step)
-        delay, ok = plan[ctx.step.rsplit("/", 1)[1]]
-        await anyio.sleep(delay)
-        if not ok:
+        after, then = plan[ctx.step.rsplit("/", 1)[1]]
+        if after is not None:
+
+            def ended(after: str = after) -> bool:
+                entry = ctx.record.map(STATE_COLLECTION).get(f"p/{after}")
+                return entry is not None and entry["state"] in ("done", "failed")
+
+            await until(ended, f"{after} to end")
+        if then == "hang":
+            await anyio.sleep(60)
+        if then == "fail":
             raise ValueError(f"{ctx.step} fails")
         return ctx.step
 
@@ -226,8 +239,8 @@ def branch_fns(calls: Calls, plan: dict[str, tuple[float, bool]]) -> list[dict[s
 
 async def test_join_all_done(store: crdtstore.Store) -> None:
     calls = Calls()
-    spec = wf(par("p", branch_fns(calls, {"a": (0.02, True), "b": (0, True), "c": (0.01, True)})))
-    result = await run_workflow(store, spec, "r1")
+    plan: Plan = {"a": ("b", "ok"), "b": (None, "ok"), "c": ("b", "ok")}
+    result = await run_workflow(store, wf(par("p", branch_fns(calls, plan))), "r1")
     assert result["p"] == {"join": "all", "results": {"a": "p/a", "b": "p/b", "c": "p/c"},
                            "outcomes": {"a": "done", "b": "done", "c": "done"}}  # fmt: skip
 
@@ -236,10 +249,10 @@ async def test_join_all_fails_at_the_first_failure_and_cancels_the_rest(
     store: crdtstore.Store,
 ) -> None:
     calls = Calls()
-    spec = wf(par("p", branch_fns(calls, {"a": (0, True), "b": (0.01, False), "c": (30, True)})))
+    plan: Plan = {"a": (None, "ok"), "b": ("a", "fail"), "c": (None, "hang")}
     with anyio.fail_after(20):
         with pytest.raises(StepFailed) as info:
-            await run_workflow(store, spec, "r1")
+            await run_workflow(store, wf(par("p", branch_fns(calls, plan))), "r1")
     err = info.value
     assert isinstance(err, JoinFailed)
     assert err.outcomes["a"]["state"] == "done"
@@ -255,7 +268,7 @@ async def test_join_all_fails_at_the_first_failure_and_cancels_the_rest(
 
 async def test_join_any_done_at_the_first_success(store: crdtstore.Store) -> None:
     calls = Calls()
-    plan = {"slow": (30, True), "bad": (0, False), "fast": (0.01, True)}
+    plan: Plan = {"slow": (None, "hang"), "bad": (None, "fail"), "fast": ("bad", "ok")}
     spec = wf(par("p", branch_fns(calls, plan), join="any"))
     with anyio.fail_after(20):
         result = await run_workflow(store, spec, "r1")
@@ -265,22 +278,23 @@ async def test_join_any_done_at_the_first_success(store: crdtstore.Store) -> Non
 
 async def test_join_any_fails_when_every_branch_failed(store: crdtstore.Store) -> None:
     calls = Calls()
-    spec = wf(par("p", branch_fns(calls, {"a": (0, False), "b": (0.01, False)}), join="any"))
+    plan: Plan = {"a": (None, "fail"), "b": ("a", "fail")}
     with pytest.raises(JoinFailed) as info:
-        await run_workflow(store, spec, "r1")
+        await run_workflow(store, wf(par("p", branch_fns(calls, plan), join="any")), "r1")
     assert info.value.join == "any" and set(info.value.outcomes) == {"a", "b"}
+    assert {o["state"] for o in info.value.outcomes.values()} == {"failed"}
 
 
 async def test_join_at_least(store: crdtstore.Store) -> None:
     calls = Calls()
-    plan = {"a": (0, True), "b": (0.01, True), "c": (30, True), "d": (0, False)}
+    plan: Plan = {"a": (None, "ok"), "b": ("a", "ok"), "c": (None, "hang"), "d": (None, "fail")}
     spec = wf(par("p", branch_fns(calls, plan), join={"at_least": 2}))
     with anyio.fail_after(20):
         result = await run_workflow(store, spec, "r2")
     assert set(result["p"]["results"]) == {"a", "b"}
     assert result["p"]["outcomes"]["c"] == "cancelled"
     # failed as soon as 2 successes became impossible, without waiting for the slow one
-    plan = {"a": (0, False), "b": (0.01, False), "c": (30, True)}
+    plan = {"a": (None, "fail"), "b": ("a", "fail"), "c": (None, "hang")}
     spec = wf(par("p", branch_fns(calls, plan), join={"at_least": 2}))
     with anyio.fail_after(20), pytest.raises(JoinFailed) as info:
         await run_workflow(store, spec, "r3")
@@ -296,7 +310,9 @@ async def test_max_concurrency_is_never_exceeded(store: crdtstore.Store) -> None
         nonlocal now, peak, done
         now += 1
         peak = max(peak, now)
-        await anyio.sleep(0.001 * (hash(ctx.step) % 5))
+        # a full wave meets before anyone leaves (the limit is reached, not just respected)
+        await until(lambda: now >= 3 or done + now >= 24, "a full wave")
+        await anyio.sleep(0.001 * (hash(ctx.step) % 3))
         now -= 1
         done += 1
 
