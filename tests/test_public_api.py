@@ -11,7 +11,7 @@ from crdtstore import _errors
 
 def test_all_matches_importable_names() -> None:
     public = {n for n in dir(crdtstore) if not n.startswith("_")}
-    modules = {"blocking", "testing", "cli", "sim"}
+    modules = {"blocking", "testing", "cli", "sim", "record", "codec", "flow", "tools"}
     assert set(crdtstore.__all__) == public - modules
     assert crdtstore.__all__ == sorted(crdtstore.__all__)
     for name in crdtstore.__all__:
@@ -33,7 +33,7 @@ def test_every_error_has_a_unique_stable_code() -> None:
 def test_crdtstore_never_imports_sync() -> None:
     code = (
         "import sys, crdtstore, crdtstore.blocking, crdtstore.testing, crdtstore.cli;"
-        "import crdtstore.sim;"
+        "import crdtstore.sim, crdtstore.tools, crdtstore.tools._mcp, crdtstore.flow;"
         "bad = [m for m in sys.modules if m == 'sync' or m.startswith('sync.')];"
         "assert not bad, bad"
     )

@@ -555,3 +555,19 @@ async def test_constructor_checks(store: crdtstore.Store) -> None:
                 Toolset(rec, **kwargs)  # type: ignore[arg-type]
         with pytest.raises(crdtstore.InvalidValue):
             Toolset(rec, view="findings")
+
+
+async def test_a_lent_lease_fences_the_tools_and_stays_the_lenders(store: crdtstore.Store) -> None:
+    async with store.open_record(run="r9", agent="kernel") as rec:
+        lease = await store.lease(["src/owned.py"], ttl=10, owner="kernel").acquire()
+        ts = Toolset(rec)
+        ts.fence_with(lease)
+        put = {"collection": "files", "key": "src/owned.py", "value": 1}
+        assert (await ts.call("store_put", put))["ok"]
+        await ts.aclose()
+        assert lease.granted  # closing the toolset does not release what it was lent
+        await lease.release()
+        ts2 = Toolset(rec)
+        ts2.fence_with(lease)
+        assert code(await ts2.call("store_put", {**put, "value": 2})) == "LEASE_LOST"
+        assert rec.map("files").get("src/owned.py") == 1

@@ -113,11 +113,9 @@ async def run_leaf(
     def make_tools() -> Toolset:
         tools = Toolset(rec, view=scoped, source=source)
         if lease is not None:
-            # The toolset fences every write to a key its held leases cover: handing it the
-            # step's lease fences the tools' writes to the step's files too. (Toolset keeps
-            # its leases in a private dict; the lease is taken out again below, so that
-            # closing the toolset does not release it: the kernel releases it itself.)
-            tools._leases[lease.lease_id] = lease
+            # the tools' writes to the step's files are fenced by the step's lease (which the
+            # kernel keeps owning: closing the toolset does not release it)
+            tools.fence_with(lease)
         return tools
 
     ctx = StepContext(
@@ -146,8 +144,6 @@ async def run_leaf(
     finally:
         tools = ctx._tools
         if tools is not None:
-            if lease is not None:
-                tools._leases.pop(lease.lease_id, None)
             with anyio.CancelScope(shield=True):
                 try:
                     await tools.aclose()  # leases and claims the step took through its tools

@@ -105,6 +105,7 @@ class Toolset:
         self.page_size = page_size
         self._leases: dict[str, Lease] = {}
         self._claims: dict[tuple[str, str], Claim] = {}
+        self._lent: dict[str, Lease] = {}  # leases the caller owns (fence_with)
         self._closed = False
 
     # -- the tool list --------------------------------------------------------------------------
@@ -181,11 +182,19 @@ class Toolset:
             return error_result(exc)
         return result
 
+    def fence_with(self, lease: Lease) -> None:
+        """Fence every write of the tools to a key ``lease`` covers, as if the agent had taken
+        it with ``lease_acquire``; the caller keeps owning it (``aclose`` does not release
+        it). How a kernel hands a step's file lease to the step's tools."""
+        self._lent[lease.lease_id] = lease
+
     async def aclose(self) -> None:
-        """Release every claim and lease the toolset holds. Idempotent."""
+        """Release every claim and lease the toolset took (not those lent by
+        :meth:`fence_with`). Idempotent."""
         if self._closed:
             return
         self._closed = True
+        self._lent.clear()
         claims, self._claims = list(self._claims.values()), {}
         leases, self._leases = list(self._leases.values()), {}
         for claim in claims:
@@ -237,14 +246,15 @@ class Toolset:
     def _fence(self, collection: str, key: str) -> Lease | None:
         """The held lease (or claim) covering ``collection[key]``, if any: the write is fenced
         by it, so a lease lost meanwhile refuses the write (LEASE_LOST)."""
-        if not self._leases and not self._claims:
+        if not self._leases and not self._claims and not self._lent:
             return None
         wanted: set[str] = set()
         with contextlib.suppress(CrdtStoreError):
             wanted.add(canonical_resource(key))  # the key as a repo path
         with contextlib.suppress(CrdtStoreError):
             wanted.add(item_resource(collection, key))  # the key as a work item
-        for lease in [*self._leases.values(), *(c.lease for c in self._claims.values())]:
+        held = [*self._leases.values(), *self._lent.values()]
+        for lease in [*held, *(c.lease for c in self._claims.values())]:
             if wanted.intersection(lease.resources):
                 return lease
         return None
