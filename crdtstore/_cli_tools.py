@@ -29,6 +29,10 @@ the command exits 0, or releases it otherwise; it exits with the command's statu
 ``flock`` does), or 3 when the claim is refused. Without a command, it claims and completes the
 item at once with ``--result`` (recording that the item is done).
 
+``--run``, ``--agent``, ``--tenant`` and ``--token`` default to ``$CRDTSTORE_RUN``,
+``$CRDTSTORE_AGENT``, ``$CRDTSTORE_TENANT`` and ``$CRDTSTORE_TOKEN`` (what a kernel's
+``script`` step is given), and every write carries ``$CRDTSTORE_CALL`` as its tool-call id.
+
 ``--agent`` names the writer; through a hub (``ws://host:port/<tenant>`` with ``--token``) the
 token names it and ``--agent`` is ignored (it may be left out). ``URL`` is a store URL or the
 path of a SQLite store file; ``get`` and ``changes`` refuse a SQLite file that does not exist.
@@ -76,21 +80,28 @@ UrlArg = Annotated[
         help="Store URL (sqlite:///path/store.db, ws://host:port/tenant) or a SQLite file path.",
     ),
 ]
-RunOpt = Annotated[str, typer.Option("--run", "-r", help="The run whose record to use.")]
+RunOpt = Annotated[
+    str,
+    typer.Option("--run", "-r", envvar="CRDTSTORE_RUN", help="The run whose record to use."),
+]
 AgentOpt = Annotated[
     str | None,
     typer.Option(
         "--agent",
         "-a",
+        envvar="CRDTSTORE_AGENT",
         help="The agent writing (required, except through a hub: there the token names it).",
     ),
 ]
 SourceOpt = Annotated[
     str, typer.Option("--source", help="Source kind of the writes: tool, model, user, system.")
 ]
-TenantOpt = Annotated[str | None, typer.Option("--tenant", help="Tenant of the run.")]
+TenantOpt = Annotated[
+    str | None, typer.Option("--tenant", envvar="CRDTSTORE_TENANT", help="Tenant of the run.")
+]
 TokenOpt = Annotated[
-    str | None, typer.Option("--token", help="Access token of a hub (ws:// stores).")
+    str | None,
+    typer.Option("--token", envvar="CRDTSTORE_TOKEN", help="Access token of a hub (ws:// stores)."),
 ]
 CollectionArg = Annotated[str, typer.Argument(metavar="COLLECTION", help="The collection.")]
 
@@ -174,9 +185,15 @@ def _print_result(result: dict[str, Any]) -> NoReturn:
     raise typer.Exit(EXIT_REFUSED if "error" in result else 0)
 
 
+def _call_id() -> str | None:
+    """The tool-call id the writes carry: ``$CRDTSTORE_CALL`` (a kernel's ``script`` step sets
+    it to the step's ``<run>:<step>#<attempt>``), if set."""
+    return os.environ.get("CRDTSTORE_CALL") or None
+
+
 def _call(name: str, **arguments: Any) -> Callable[[Toolset], Awaitable[dict[str, Any]]]:
     async def call(tools: Toolset) -> dict[str, Any]:
-        return await tools.call(name, arguments)
+        return await tools.call(name, arguments, call_id=_call_id())
 
     return call
 
@@ -347,17 +364,19 @@ def claim_command(
     async def go(tools: Toolset) -> dict[str, Any]:
         nonlocal status
         where = {"collection": collection, "item": item}
-        claimed = await tools.call("store_claim", {**where, "ttl": ttl})
+        claimed = await tools.call("store_claim", {**where, "ttl": ttl}, call_id=_call_id())
         if "error" in claimed:
             return claimed
         if not command:
-            return await tools.call("store_complete", {**where, "result": done})
+            return await tools.call("store_complete", {**where, "result": done}, call_id=_call_id())
         status, tail = await _run_command(command)
         if status == 0:
             return await tools.call(
-                "store_complete", {**where, "result": {"exit": 0, "tail": tail}}
+                "store_complete",
+                {**where, "result": {"exit": 0, "tail": tail}},
+                call_id=_call_id(),
             )
-        return await tools.call("store_release", where)
+        return await tools.call("store_release", where, call_id=_call_id())
 
     try:
         target.run_tools(go)

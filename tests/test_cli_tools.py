@@ -286,3 +286,27 @@ def test_mcp_without_the_sdk_says_how_to_install_it(tmp_path: Path) -> None:
     assert "pip install 'crdtstore[mcp]'" in out.stderr
     assert out.stdout == ""
     assert not (tmp_path / "s.db").exists()
+
+
+def test_a_script_step_environment_names_the_run_agent_and_call(tmp_path: Path) -> None:
+    """What a kernel's ``script`` step is given ($CRDTSTORE_RUN, _AGENT, _CALL) is enough:
+    no --run or --agent, and every write carries the step's call id."""
+    db = tmp_path / "s.db"
+    env = {"CRDTSTORE_RUN": RUN, "CRDTSTORE_AGENT": "step-agent", "CRDTSTORE_CALL": "r1:lint#2"}
+    out = cli("put", db, "notes", "k", '{"ok": true}', env=env)
+    assert out.returncode == 0, out.stderr
+    out = cli("append", db, "log", '"linted"', env=env)
+    assert out.returncode == 0, out.stderr
+    hist = anyio.run(in_process, db, "store_history", {"collection": "notes", "key": "k"})
+    (entry,) = hist["entries"]
+    assert (entry["agent"], entry["call"]) == ("step-agent", "r1:lint#2")
+
+    async def calls() -> list[str]:
+        async with crdtstore.open_store(f"sqlite:///{db}") as store:
+            async with store.open_record(RUN, "checker") as rec:
+                return [e.call for e in await rec.journal()]
+
+    assert anyio.run(calls) == ["r1:lint#2", "r1:lint#2"]
+    # an explicit option still wins over the environment
+    out = cli("get", db, "notes", "k", "--run", "other", env=env)
+    assert out.returncode == 0 and json.loads(out.stdout)["exists"] is False
