@@ -125,7 +125,8 @@ async def head(store: crdtstore.Store, run: str) -> int:
 
 KEYS = ("a", "b", "c")
 ITEMS = ("i1", "i2", "i3")
-EDIT_ALPHABET = "ab \n"
+EDIT_ALPHABET = "ab \n"  # finds in it are often ambiguous
+INSERT_ALPHABET = "abcdefgh \né🙂"  # inserted text: longer finds taken from it are unique
 SEQ_SCHEMA = {
     "m": CollectionSpec(kind="map"),
     "l": CollectionSpec(kind="list"),
@@ -180,13 +181,13 @@ def draw_edits(data: st.DataObject, text: str) -> list[dict[str, Any]]:
     What is drawn never depends on ``text`` (positions are resolved against it afterwards):
     the state an example meets varies from run to run with the interleaving of the agents,
     and hypothesis must be able to replay its draws."""
-    chunk = st.text(EDIT_ALPHABET + "é🙂", max_size=5)
+    chunk = st.text(INSERT_ALPHABET, max_size=8)
     edits: list[dict[str, Any]] = []
-    for _ in range(data.draw(st.integers(1, 3), label="edits")):
+    for _ in range(data.draw(st.sampled_from([1, 1, 1, 2, 3]), label="edits")):
         if data.draw(st.booleans(), label="find"):
             from_text = data.draw(st.booleans(), label="from text")
             start = data.draw(st.integers(0, 10_000), label="start")
-            size = data.draw(st.integers(1, 6), label="size")
+            size = data.draw(st.integers(1, 10), label="size")
             made_up = data.draw(st.text(EDIT_ALPHABET, min_size=1, max_size=4), label="find")
             if from_text and text:
                 at = start % len(text)
@@ -195,8 +196,13 @@ def draw_edits(data: st.DataObject, text: str) -> list[dict[str, Any]]:
                 find = made_up
             edits.append({"find": find, "replace": data.draw(chunk, label="replace")})
         else:
-            at = data.draw(st.integers(0, 10_000), label="at") % (len(text) + 3)
+            at = data.draw(st.integers(0, 10_000), label="at")
             delete = data.draw(st.integers(0, 3), label="delete")
+            if data.draw(st.booleans(), label="past the end"):
+                at %= len(text) + 3  # sometimes out of range: refused
+            else:
+                at %= len(text) + 1
+                delete %= len(text) - at + 1
             edits.append({"at": at, "delete": delete, "insert": data.draw(chunk, label="insert")})
     return edits
 
@@ -259,6 +265,13 @@ def draw_call(data: st.DataObject, w: Agents, i: int, kinds: tuple[str, ...]) ->
         return Call(i, kind, "store_get", {"collection": coll})
     if kind == "claim":
         return Call(i, kind, "store_claim", {"collection": "work", "item": item, "ttl": 60})
+    if kind in ("complete", "release"):
+        # mostly an item the agent holds (else LEASE_NOT_FOUND nearly always)
+        mine = [it for it in ITEMS if w.held[it] == i]
+        if data.draw(st.booleans(), label="mine") and mine:
+            item = mine[data.draw(st.integers(0, 2), label="which") % len(mine)]
+        else:
+            data.draw(st.integers(0, 2), label="which")  # the same draws either way
     if kind == "complete":
         result = data.draw(json_values(2), label="result")
         return Call(
@@ -496,6 +509,10 @@ async def test_random_tool_calls_converge_and_lose_no_acknowledged_write(
         ]
         tools = [await stack.enter_async_context(Toolset(rec)) for rec in recs]
         w = Agents(store, run, recs, tools)
+        base = data.draw(st.text(INSERT_ALPHABET, max_size=30), label="base text")
+        if base:  # something to find in, from the start
+            edit = {"collection": "t", "edits": [{"at": 0, "insert": base}]}
+            assert (await call(tools[0], "store_text_edit", edit))["ok"]
         for _ in range(data.draw(st.integers(1, 24), label="steps")):
             step = data.draw(st.sampled_from(["call", "call", "call", "burst", "sync"]))
             if step == "call":
@@ -588,7 +605,7 @@ def right_values(name: str) -> st.SearchStrategy[Any]:
             st.text(min_size=70, max_size=90),
         )
     if name in ("expected_version", "based_on", "since_version"):
-        return st.integers(-2, 20) | st.sampled_from([True, 1.0, "1", 2**70])
+        return weighted((4, st.integers(0, 20)), (1, st.sampled_from([-1, True, 1.0, "1", 2**70])))
     if name == "cursor":
         return cursors()
     if name == "edits":
