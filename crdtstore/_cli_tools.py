@@ -29,9 +29,10 @@ the command exits 0, or releases it otherwise; it exits with the command's statu
 ``flock`` does), or 3 when the claim is refused. Without a command, it claims and completes the
 item at once with ``--result`` (recording that the item is done).
 
-``--run``, ``--agent``, ``--tenant`` and ``--token`` default to ``$CRDTSTORE_RUN``,
-``$CRDTSTORE_AGENT``, ``$CRDTSTORE_TENANT`` and ``$CRDTSTORE_TOKEN`` (what a kernel's
-``script`` step is given), and every write carries ``$CRDTSTORE_CALL`` as its tool-call id.
+``--run``, ``--agent``, ``--source``, ``--tenant`` and ``--token`` default to
+``$CRDTSTORE_RUN``, ``$CRDTSTORE_AGENT``, ``$CRDTSTORE_SOURCE``, ``$CRDTSTORE_TENANT`` and
+``$CRDTSTORE_TOKEN`` (what a kernel's ``script`` step is given), and every write carries
+``$CRDTSTORE_CALL`` as its tool-call id.
 
 ``--agent`` names the writer; through a hub (``ws://host:port/<tenant>`` with ``--token``) the
 token names it and ``--agent`` is ignored (it may be left out). ``URL`` is a store URL or the
@@ -94,7 +95,12 @@ AgentOpt = Annotated[
     ),
 ]
 SourceOpt = Annotated[
-    str, typer.Option("--source", help="Source kind of the writes: tool, model, user, system.")
+    str,
+    typer.Option(
+        "--source",
+        envvar="CRDTSTORE_SOURCE",
+        help="Source kind of the writes: tool, model, user, system.",
+    ),
 ]
 TenantOpt = Annotated[
     str | None, typer.Option("--tenant", envvar="CRDTSTORE_TENANT", help="Tenant of the run.")

@@ -292,14 +292,19 @@ def test_a_script_step_environment_names_the_run_agent_and_call(tmp_path: Path) 
     """What a kernel's ``script`` step is given ($CRDTSTORE_RUN, _AGENT, _CALL) is enough:
     no --run or --agent, and every write carries the step's call id."""
     db = tmp_path / "s.db"
-    env = {"CRDTSTORE_RUN": RUN, "CRDTSTORE_AGENT": "step-agent", "CRDTSTORE_CALL": "r1:lint#2"}
+    env = {
+        "CRDTSTORE_RUN": RUN,
+        "CRDTSTORE_AGENT": "step-agent",
+        "CRDTSTORE_SOURCE": "tool",
+        "CRDTSTORE_CALL": "r1:lint#2",
+    }
     out = cli("put", db, "notes", "k", '{"ok": true}', env=env)
     assert out.returncode == 0, out.stderr
     out = cli("append", db, "log", '"linted"', env=env)
     assert out.returncode == 0, out.stderr
     hist = anyio.run(in_process, db, "store_history", {"collection": "notes", "key": "k"})
     (entry,) = hist["entries"]
-    assert (entry["agent"], entry["call"]) == ("step-agent", "r1:lint#2")
+    assert (entry["agent"], entry["source"], entry["call"]) == ("step-agent", "tool", "r1:lint#2")
 
     async def calls() -> list[str]:
         async with crdtstore.open_store(f"sqlite:///{db}") as store:

@@ -94,6 +94,7 @@ async def run_leaf(
             "CRDTSTORE_RUN": run,
             "CRDTSTORE_STEP": step,
             "CRDTSTORE_AGENT": agent,
+            "CRDTSTORE_SOURCE": "tool",  # a script is a tool, not a model
             "CRDTSTORE_CALL": call_id,
             "CRDTSTORE_ATTEMPT": str(attempt),
         }

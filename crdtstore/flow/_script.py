@@ -8,6 +8,7 @@ Environment given to the command (on top of the kernel's own and the executor's 
 ``CRDTSTORE_RUN``           the run the step writes under (a nested workflow's: the nested run)
 ``CRDTSTORE_STEP``          the step's path (``verify/lint``)
 ``CRDTSTORE_AGENT``         the step's agent id
+``CRDTSTORE_SOURCE``        ``tool`` (the source kind of the script's writes)
 ``CRDTSTORE_CALL``          the attempt's call id (``<root run>:<path>#<attempt>``)
 ``CRDTSTORE_ATTEMPT``       the attempt number
 ``CRDTSTORE_TOKEN``         the kernel's access token (``ws://`` stores only)

@@ -102,9 +102,9 @@ class AgentExecutor(_Model):
 class ScriptExecutor(_Model):
     """``{kind: script, run: "ruff check ."}``: a command (a shell line, or an argv list) run
     as a subprocess with the store in its environment (CRDTSTORE_STORE, CRDTSTORE_RUN,
-    CRDTSTORE_STEP, CRDTSTORE_AGENT, CRDTSTORE_CALL, CRDTSTORE_ATTEMPT, and CRDTSTORE_TOKEN
-    for a ``ws://`` store). Exit status 0 is success; the result is the exit status, the
-    duration and the tail of the output."""
+    CRDTSTORE_STEP, CRDTSTORE_AGENT, CRDTSTORE_SOURCE, CRDTSTORE_CALL, CRDTSTORE_ATTEMPT,
+    and CRDTSTORE_TOKEN for a ``ws://`` store). Exit status 0 is success; the result is the
+    exit status, the duration and the tail of the output."""
 
     kind: Literal["script"]
     run: Annotated[str, StringConstraints(min_length=1)] | Annotated[list[str], Field(min_length=1)]
