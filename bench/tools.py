@@ -1,8 +1,8 @@
 """Agent tools: a tool call against the direct API doing the same work, and an MCP round trip
 over stdio against the same calls in-process and an MCP server with one no-op tool.
 
-    python bench/tools.py            # 2,000 ops x 7 rounds per variant; 2,000 MCP calls per tool
-    python bench/tools.py --quick    # 400 ops x 5 rounds; 500 MCP calls per tool
+    python bench/tools.py            # 200 blocks of 50 ops per side and variant; 2,000 MCP calls
+    python bench/tools.py --quick    # 40 blocks of 50 ops; 500 MCP calls per tool
 
 - **tool call vs direct API**, one record on a ``sqlite:///`` store in a temp dir (batched
   durability, the default), 100 keys overwritten in turn with a small dict:
@@ -10,9 +10,10 @@ over stdio against the same calls in-process and an MCP server with one no-op to
   (both journaled before they return); ``store_get`` against ``m.get_versioned(k)`` + flush
   (and, as a second baseline, with the ``rec.sync()`` that store_get makes to see other
   writers); ``store_append`` against ``lst.append(v)`` + flush. ``store_put`` is also timed
-  with its arguments as JSON text, as a model emits them. Blocks of ``--ops`` calls, tool and
-  direct blocks interleaved (ABBA) for ``--rounds`` rounds; per-op medians over the blocks, on
-  wall time (the target) and CPU time of this process. Target: at most 1.3x direct.
+  with its arguments as JSON text, as a model emits them. Short blocks of ``--ops`` calls, tool
+  and direct blocks alternating (ABBA) for ``--rounds`` rounds, so both sides meet the same
+  load; per-op medians over the blocks, on wall time (the target) and CPU time of this
+  process (steadier on a shared machine). Target: at most 1.3x direct.
 - **MCP over stdio**: the real client (``mcp.ClientSession`` over ``stdio_client``) launching
   ``crdtstore mcp --store sqlite:///... --run R --agent A`` (the console script beside this
   interpreter), calling ``store_put`` and ``store_get`` in turn; per-call latency p50/p99.
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -303,28 +305,30 @@ def report_mcp(lat: dict[str, dict[str, list[float]]], calls: int) -> list[Resul
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="400 ops x 5 rounds, 500 MCP calls")
-    ap.add_argument("--ops", type=int, help="ops per block (default 2,000; --quick 400)")
-    ap.add_argument("--rounds", type=int, help="blocks per side (default 7; --quick 5)")
+    ap.add_argument("--quick", action="store_true", help="40 blocks per side, 500 MCP calls")
+    ap.add_argument("--ops", type=int, help="ops per block (default 50)")
+    ap.add_argument("--rounds", type=int, help="blocks per side (default 200; --quick 40)")
     ap.add_argument("--calls", type=int, help="MCP calls per tool (default 2,000; --quick 500)")
     ap.add_argument("--no-mcp", action="store_true", help="skip the MCP round trips")
     args = ap.parse_args(argv)
-    ops = args.ops or (400 if args.quick else 2000)
-    rounds = args.rounds or (5 if args.quick else 7)
+    ops = args.ops or 50
+    rounds = args.rounds or (40 if args.quick else 200)
     calls = args.calls or (500 if args.quick else 2000)
     header("tools: agent tool calls vs the direct API, MCP over stdio", args)
     tmp = Path(tempfile.mkdtemp(prefix="bench-tools-"))
     url = f"sqlite:///{tmp / 'store.db'}"
 
-    times, descr = anyio.run(in_process, url, ops, rounds)
-    results = report_in_process(times, ops, rounds, descr)
-
-    if not args.no_mcp:
-        lat = anyio.run(mcp_round_trips, url, tmp, calls, max(50, calls // 10))
-        if isinstance(lat, str):
-            print(f"\nMCP round trips skipped: {lat}")
-        else:
-            results += report_mcp(lat, calls)
+    try:
+        times, descr = anyio.run(in_process, url, ops, rounds)
+        results = report_in_process(times, ops, rounds, descr)
+        if not args.no_mcp:
+            lat = anyio.run(mcp_round_trips, url, tmp, calls, max(50, calls // 10))
+            if isinstance(lat, str):
+                print(f"\nMCP round trips skipped: {lat}")
+            else:
+                results += report_mcp(lat, calls)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     print(f"\n   load average after: {os.getloadavg()[0]:.2f}")
     for res in results:
         res.emit()
