@@ -274,6 +274,10 @@ async def mcp_round_trips(
                     lat["noop"]["mcp"].append(time.perf_counter() - t0)
                 sides.reverse()
                 done += n
+    except BaseException:
+        errlog.flush()
+        print((tmp / "mcp-servers.log").read_text()[-4000:], file=sys.stderr)  # servers' stderr
+        raise
     finally:
         errlog.close()
     return lat
