@@ -56,8 +56,6 @@ from ._models import Sibling as Sibling
 from ._models import Version as Version
 from ._record import Claim as Claim
 from ._record import Record as Record
-from ._replica import Replica as Replica
-from ._replica import tree_merge as tree_merge
 from ._semantics import CollectionSpec as CollectionSpec
 from ._semantics import check_effect as check_effect
 from ._store import CompactionResult as CompactionResult
@@ -65,6 +63,8 @@ from ._store import Store as Store
 from ._store import open_store as open_store
 from ._view import ScopedMap as ScopedMap
 from ._view import View as View
+from .record._replay import tree_merge as tree_merge
+from .record._replica import Replica as Replica
 
 __version__ = "0.1.0.dev0"
 

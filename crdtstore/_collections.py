@@ -17,9 +17,11 @@ from ._errors import InvalidValue
 from ._journal import Op
 from ._models import Conflict, Sibling, Version
 from ._names import MAX_KEY_LENGTH, check_key
-from ._replica import Replica, apply_text_edits, list_values, text_diff
 from ._semantics import validate_value
 from ._values import encodable, from_stored, to_stored
+from .record._document import list_values
+from .record._replica import Replica
+from .record._textdiff import apply_text_edits, text_diff
 
 if TYPE_CHECKING:
     from ._leases import Lease

@@ -55,7 +55,6 @@ from ._journal import (
 )
 from ._models import Change, HistoryEntry, Provenance, Version
 from ._names import check_name
-from ._replica import _EMPTY_UPDATES, Meta, Replica, now, policed
 from ._semantics import (
     BYTES_PER_TOKEN,
     Budget,
@@ -72,6 +71,10 @@ from ._semantics import (
     value_size,
 )
 from ._values import from_stored
+from .record._document import _EMPTY_UPDATES
+from .record._effects import policed
+from .record._provenance import Meta, now
+from .record._replica import Replica
 
 if TYPE_CHECKING:
     from ._leases import Lease

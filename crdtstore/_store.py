@@ -37,8 +37,10 @@ from ._models import HistoryEntry
 from ._names import check_key, check_name
 from ._notify import Notifier
 from ._record import READ_CHUNK, Record
-from ._replica import DEFAULT_MAX_UPDATE, BulkLoad, Replica
 from ._semantics import CollectionSpec
+from .record._document import DEFAULT_MAX_UPDATE
+from .record._replay import BulkLoad
+from .record._replica import Replica
 
 log = logging.getLogger("crdtstore.store")
 

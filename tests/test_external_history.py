@@ -445,7 +445,7 @@ def test_an_update_the_decoder_cannot_read_takes_the_observed_way(
     """Bytes pycrdt reads but this decoder does not (a content type it does not know) still
     apply, with the effect the document's events show; the next readable update finds its
     keys again (the key index catches up with the document)."""
-    import crdtstore._replica as replica_module
+    import crdtstore.record._external as replica_module
 
     def refuse(update: bytes) -> Any:
         raise UpdateDecodeError("unknown content ref 11")

@@ -15,8 +15,10 @@ from hypothesis import strategies as st
 from pycrdt import Doc, Map
 
 import crdtstore
-from crdtstore import _replica
-from crdtstore._replica import Meta, Replica
+from crdtstore.record import _document
+from crdtstore.record._document import REGISTRY
+from crdtstore.record._provenance import Meta
+from crdtstore.record._replica import Replica
 
 pytestmark = pytest.mark.anyio
 
@@ -49,8 +51,8 @@ _writes = st.lists(
 def test_the_pinned_pycrdt_takes_the_shortcuts() -> None:
     # if this fails, pycrdt's internals moved: the write path silently takes the slow,
     # public API (still correct, see the tests below) and the local_write bench drops
-    assert _replica._direct_insert_works() is True
-    assert _replica._DIRECT_INSERT is True
+    assert _document._direct_insert_works() is True
+    assert _document._DIRECT_INSERT is True
 
 
 async def _run(writes: list[tuple[str, list[tuple[str, Any]]]]) -> tuple[Any, ...]:
@@ -84,12 +86,12 @@ async def _run(writes: list[tuple[str, list[tuple[str, Any]]]]) -> tuple[Any, ..
 @given(writes=_writes)
 def test_shortcuts_and_public_api_make_the_same_record(writes: Any) -> None:
     fast = anyio.run(_run, writes)
-    saved = _replica._DIRECT_INSERT
-    _replica._DIRECT_INSERT = False
+    saved = _document._DIRECT_INSERT
+    _document._DIRECT_INSERT = False
     try:
         slow = anyio.run(_run, writes)
     finally:
-        _replica._DIRECT_INSERT = saved
+        _document._DIRECT_INSERT = saved
     assert fast == slow
     data, rebuilt, effects, provenance = fast
     assert set(rebuilt) == set(data)
@@ -127,7 +129,7 @@ def test_local_set_follows_a_swapped_document() -> None:
     replica.local_set(root, [["map", "m", "set", "x", 1]], meta)
     replica.local_set(root, [["map", "m", "set", "x", 2]], meta)
     replica.doc = Doc(client_id=42)
-    replica.registry = replica.doc.get(_replica.REGISTRY, type=Map)
+    replica.registry = replica.doc.get(REGISTRY, type=Map)
     replica.doc.observe(replica._on_transaction)
     replica._roots.clear()
     replica._kinds.clear()
@@ -140,8 +142,8 @@ def test_local_set_follows_a_swapped_document() -> None:
 
 @pytest.mark.parametrize("direct", [True, False])
 def test_a_failing_observer_fails_the_write_but_its_update_is_kept(direct: bool) -> None:
-    saved = _replica._DIRECT_INSERT
-    _replica._DIRECT_INSERT = direct
+    saved = _document._DIRECT_INSERT
+    _document._DIRECT_INSERT = direct
     try:
         replica = Replica()
         root = replica.root("m", "map")
@@ -163,7 +165,7 @@ def test_a_failing_observer_fails_the_write_but_its_update_is_kept(direct: bool)
         assert replica.local_set(root, [["map", "m", "set", "x", 3]], meta) is not None
         assert replica.doc._exceptions == []
     finally:
-        _replica._DIRECT_INSERT = saved
+        _document._DIRECT_INSERT = saved
 
 
 async def test_a_set_waits_for_another_tasks_transaction(anyio_backend: str) -> None:

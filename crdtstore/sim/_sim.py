@@ -43,9 +43,10 @@ import anyio
 from .._collections import KeepAllMap
 from .._errors import CrdtStoreError
 from .._record import Record
-from .._replica import REGISTRY, tree_merge
 from .._semantics import CollectionSpec
 from .._store import Store, open_store
+from ..record._document import REGISTRY
+from ..record._replay import tree_merge
 from ._check import SEP, Violation, WriteRec, check_state, lww_frontier
 from ._network import Event, Message, Network, NetworkConfig
 from ._steps import (

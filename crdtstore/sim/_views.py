@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._record import Record
-from .._replica import Replica
+from ..record._replica import Replica
 from ._check import SEP, WriteRec, lww_frontier
 from ._sim import SimResult
 from ._trace import Trace, canon

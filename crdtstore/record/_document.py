@@ -1,0 +1,469 @@
+"""The replica's document: a pycrdt ``Doc``, its collection registry and local transactions.
+
+:class:`ReplicaDocument` makes local transactions and captures each one's update (exactly one
+per transaction), keeps the registry of collections *in the document* (so every replica and
+every Yjs client agrees on which root is a map, a list or a text), and checks and applies
+update bytes from elsewhere. The hot path of a local write (:meth:`ReplicaDocument.local_set`,
+``do_set``, ``set_items``) goes straight to yrs through pycrdt internals, checked at import by
+:func:`_direct_insert_works`; when they moved it takes pycrdt's public API.
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from pycrdt import Array, Doc, Map, Text, Transaction
+
+from .._errors import CollectionKindMismatch, InvalidUpdate, PayloadTooLarge
+from .._journal import NewEntry, Op, checksum
+from .._values import from_stored
+from ._provenance import Meta, ProvenanceIndex
+
+REGISTRY = "__crdtstore_collections"
+
+KINDS: dict[str, type[Any]] = {"map": Map, "list": Array, "text": Text}
+
+DEFAULT_MAX_UPDATE = 16 * 1024 * 1024
+
+_EMPTY_UPDATES = (b"\x00\x00",)
+
+
+def _varuint(data: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(data) or shift > 63:
+            raise InvalidUpdate("truncated variable-length integer")
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+def _check_counts(update: bytes) -> None:
+    """Refuse an update whose leading counts cannot fit in its bytes, before pycrdt's
+    decoder pre-allocates for them (4 bytes claiming 2**28 clients made it allocate about
+    500 MiB). A v1 update starts with the number of clients, then per client the number of
+    structs: each client and each struct takes at least one byte."""
+    size = len(update)
+    if size >= 2 and update[0] < 0x80 and update[1] < 0x80:
+        # both counts fit in one byte (the usual case): the same checks, without the decoder
+        if update[0] > size - 1:
+            raise InvalidUpdate(f"claims {update[0]} clients in {size} bytes")
+        if update[0] and update[1] > size - 2:
+            raise InvalidUpdate(f"claims {update[1]} structs in {size} bytes")
+        return
+    clients, pos = _varuint(update, 0)
+    if clients > len(update) - pos:
+        raise InvalidUpdate(f"claims {clients} clients in {len(update)} bytes")
+    if clients:
+        structs, pos = _varuint(update, pos)
+        if structs > len(update) - pos:
+            raise InvalidUpdate(f"claims {structs} structs in {len(update)} bytes")
+
+
+def _json_number(text: str) -> Any:
+    return from_stored(float(text))
+
+
+def list_values(root: Array[Any]) -> list[Any]:
+    """Every value of the list ``root``, as :func:`from_stored` gives them, read in one call.
+
+    pycrdt reads an array item by item, each in a transaction of its own that seeks to the
+    index: 7-10 us an item (a list of 1M small dicts: about 9 s). yrs can write the whole array
+    as JSON instead (``to_json`` of the integrated array), which is parsed with every number
+    made what :func:`from_stored` makes of the float yrs holds: about 2.3 us an item for the
+    same list, 0.6 of them in yrs (about 4x faster). Values crdtstore writes are JSON
+    already; what only a plain Yjs client can store comes out as JSON too: a nested shared
+    type as its plain content, binary as a list of byte values, a big integer beyond 2**53 as
+    a float. Falls back to the item by item read if this pycrdt lacks the call.
+    """
+    integrated = getattr(root, "_integrated", None)
+    if integrated is None or not hasattr(integrated, "to_json"):  # pragma: no cover
+        return [from_stored(v) for v in root]  # (another pycrdt, or a list not in a doc)
+    with root.doc.transaction() as txn:
+        rtxn = txn._txn
+        assert rtxn is not None
+        text = integrated.to_json(rtxn)
+    values: list[Any] = json.loads(text, parse_int=_json_number, parse_float=_json_number)
+    return values
+
+
+def _direct_insert_works() -> bool:
+    """Whether this pycrdt's internals are as the write path's shortcuts expect (checked once
+    at import, on scratch documents; if not, the write path takes pycrdt's public API):
+
+    - a map set goes straight to yrs, ``root._integrated.insert(txn, key, value)``, which is
+      what ``root[key] = value`` ends in for a value that is not a shared type (without its
+      two nested Python transaction frames): :meth:`Replica.do_set`, :meth:`Replica.local_set`;
+    - a transaction is a yrs transaction made, committed and dropped while ``doc._txn`` names
+      a pycrdt ``Transaction`` holding it, which is what ``with doc.transaction():`` does
+      when none is open (:meth:`Replica.local_set`);
+    - a callback given to the yrs document's ``observe`` gets every committed transaction's
+      event with its ``update`` (the capture, without pycrdt's wrapper frame).
+    """
+    try:
+        doc: Doc[Any] = Doc()
+        root = doc.get("m", type=Map)
+        seen: list[bytes] = []
+        sub = doc._doc.observe(lambda event: seen.append(event.update))
+        with doc.transaction() as outer:
+            root._integrated.insert(outer._txn, "a", 1)
+        wtxn = Transaction(doc)
+        txn = doc._doc.create_transaction()
+        wtxn._txn, wtxn._leases, doc._txn = txn, 1, wtxn
+        root._integrated.insert(txn, "k", {"v": [1]})
+        txn.commit()
+        txn.drop()
+        wtxn._txn, wtxn._leases, doc._txn = None, 0, None
+        other: Doc[Any] = Doc()
+        for update in seen:
+            other.apply_update(update)
+        want = {"a": 1.0, "k": {"v": [1.0]}}
+        ok = (
+            len(seen) == 2
+            and dict(root.items()) == want
+            and dict(other.get("m", type=Map).items()) == want
+            and doc._allow_multithreading is False
+            and doc._exceptions == []
+            and doc._txn is None
+        )
+        del sub
+        return ok
+    except Exception:  # pragma: no cover - another pycrdt
+        return False
+
+
+_DIRECT_INSERT = _direct_insert_works()
+
+
+class ReplicaDocument(ProvenanceIndex):
+    """The document of a :class:`~crdtstore.record.Replica` (see the module docstring)."""
+
+    def __init__(self, *, max_update: int = DEFAULT_MAX_UPDATE) -> None:
+        super().__init__()
+        # A fresh random client id for every replica: a reused id makes peers drop writes
+        # (PYCRDT-NOTES hazard 5). The agent identity lives in the journal, not here.
+        self.doc: Doc[Any] = Doc()
+        self.client_id: int = self.doc.client_id
+        self.max_update = max_update
+        self.registry: Map[Any] = self.doc.get(REGISTRY, type=Map)
+        self._roots: dict[tuple[str, str], Any] = {}
+        self._kinds: dict[str, str] = {}
+        self._captured: bytes | None = None
+        self._capturing = False
+        self._transactions = 0  # transactions that changed the document
+        self._colls: dict[str, str] = {}  # see collections()
+        self._colls_at = (-1, -1)  # (self._transactions, len(self.registry)) it was right at
+        self._txn_cm: Any = None
+        self._deletes_wanted = False  # (apply_external: capture the delete set too)
+        self._captured_deletes: bytes | None = None
+        self._wtxn: Any = None  # the transaction object local_set reuses (see there)
+        self.partial_update: bytes | None = None
+        self._capture: Any = self.capture_transactions()
+
+    def capture_transactions(self) -> Any:
+        """Observe this replica's document for the capture (:meth:`_on_transaction`): on the
+        yrs document itself when it can (see ``_direct_insert_works``), through a weak
+        reference to the replica. A bound method given to yrs is held from the Rust side,
+        where the garbage collector cannot see it: the replica and its document were never
+        freed (every record closed, every scratch copy and replay leaked its document).
+        Returns the subscription (it lives as long as the document)."""
+        ref = weakref.ref(self)
+
+        def on_transaction(event: Any) -> None:
+            replica = ref()
+            if replica is not None:
+                replica._on_transaction(event)
+
+        return (
+            self.doc._doc.observe(on_transaction)
+            if _DIRECT_INSERT
+            else self.doc.observe(on_transaction)
+        )
+
+    def kind_of(self, name: str) -> str | None:
+        """The kind the registry gives ``name`` (None when unregistered or not a kind)."""
+        kind = self._kinds.get(name)
+        if kind is None:
+            kind = self.registry.get(name)
+            if kind not in KINDS:
+                return None
+            self._kinds[name] = kind
+        return kind
+
+    def root(self, name: str, kind: str) -> Any:
+        """The root shared type of a collection, checking its kind against the registry.
+
+        Raises:
+            CollectionKindMismatch: the name is registered as another kind.
+        """
+        existing = self.kind_of(name)
+        if existing is not None and existing != kind:
+            raise CollectionKindMismatch(name, existing, kind)
+        got = self._roots.get((name, kind))
+        if got is None:
+            got = self._roots[(name, kind)] = self.doc.get(name, type=KINDS[kind])
+        return got
+
+    def collections(self) -> dict[str, str]:
+        """Registered collections: name -> kind, sorted by name (entries that are not a known
+        kind, which only a foreign or corrupted update can write, are left out).
+
+        Cached: read from the registry again once a transaction changed the document since
+        (or, inside a transaction still open, once the registry's size changed);
+        :meth:`apply_external` keeps it across an update that leaves the registry alone. A
+        new dict every call."""
+        at = (self._transactions, len(self.registry))
+        if at != self._colls_at:
+            self._colls = self._read_collections()
+            self._colls_at = at
+        return dict(self._colls)
+
+    def _read_collections(self) -> dict[str, str]:
+        return dict(sorted((str(k), str(v)) for k, v in self.registry.items() if v in KINDS))
+
+    def read(self, name: str, kind: str) -> Any:
+        root = self.root(name, kind)
+        if kind == "map":
+            return {k: from_stored(v) for k, v in root.items()}
+        if kind == "list":
+            return list_values(root)
+        return str(root)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: self.read(name, kind) for name, kind in self.collections().items()}
+
+    def _on_transaction(self, event: Any) -> None:
+        self._transactions += 1
+        if self._capturing:
+            self._captured = event.update
+            if self._deletes_wanted:  # (apply_external: which items the update deleted)
+                self._captured_deletes = event.delete_set
+
+    def begin(self) -> None:
+        """Open a local transaction whose update :meth:`end` returns."""
+        self._captured = None
+        self._capturing = True
+        self._txn_cm = self.doc.transaction()
+        self._txn_cm.__enter__()
+
+    def do(self, ops: list[Op], apply: Callable[[], None], meta: Meta) -> None:
+        """Inside :meth:`begin`/:meth:`end`: run ``apply`` (which makes exactly the changes
+        described by ``ops``) and record provenance.
+
+        Collections touched for the first time are registered in the same transaction, so
+        the registry never names a collection whose first write is missing, or vice versa.
+        """
+        kinds = self._kinds
+        for op in ops:
+            if kinds.get(op[1]) != op[0]:
+                self._register(op[1], op[0])
+        apply()
+        index = self.index
+        for op in ops:
+            if op[0] == "map":
+                keys = index.get(op[1])
+                if keys is None:
+                    keys = index[op[1]] = {}
+                keys[op[3]] = meta
+
+    def end(self) -> bytes | None:
+        """Commit the local transaction; return its update (None when nothing changed).
+
+        There is no rollback in pycrdt: whatever was applied before an error is committed
+        (and must be journaled by the caller).
+        """
+        cm, self._txn_cm = self._txn_cm, None
+        try:
+            if cm is not None:
+                cm.__exit__(None, None, None)
+        finally:
+            self._capturing = False
+        update, self._captured = self._captured, None
+        return update
+
+    def local(self, ops: list[Op], apply: Callable[[], None], meta: Meta) -> bytes | None:
+        """One local transaction (the hot path, equivalent to :meth:`begin`, :meth:`do`,
+        :meth:`end`): return its update, None when nothing changed.
+
+        If ``apply`` raises, what it applied is committed anyway (no rollback in pycrdt): the
+        update is left in :attr:`partial_update` for the caller to journal, then the error
+        propagates.
+        """
+        self._captured = None
+        self._capturing = True
+        kinds = self._kinds
+        try:
+            # (no transaction origin: nothing reads it, and pycrdt compares it on every
+            # nested transaction that pycrdt's own setters open)
+            with self.doc.transaction():
+                for op in ops:
+                    if kinds.get(op[1]) != op[0]:
+                        self._register(op[1], op[0])
+                apply()
+        except BaseException:
+            self.partial_update = self._captured
+            raise
+        finally:
+            self._capturing = False
+        index = self.index
+        for op in ops:
+            if op[0] == "map":
+                keys = index.get(op[1])
+                if keys is None:
+                    keys = index[op[1]] = {}
+                keys[op[3]] = meta
+        update, self._captured = self._captured, None
+        return update
+
+    def local_set(self, root: Any, ops: list[Op], meta: Meta) -> bytes | None:
+        """:meth:`local` of one map set, ``ops == [["map", name, "set", key, stored]]`` on the
+        collection's root ``root``: the hot path of a local write.
+
+        The value goes straight to yrs in a yrs transaction made, committed and dropped here
+        while ``doc._txn`` names a pycrdt ``Transaction`` object kept for the document: what
+        ``with doc.transaction(): root[key] = stored`` does when no transaction is open,
+        without pycrdt's Python frames (see :func:`_direct_insert_works`; otherwise, or with a
+        transaction open, or a collection not registered as a map yet, this is
+        :meth:`local`). The update is captured as by :meth:`local`; an error leaves what was
+        applied in :attr:`partial_update` as there.
+        """
+        _, name, _, key, stored = ops[0]
+        doc = self.doc
+        wtxn = self._wtxn
+        if wtxn is None or wtxn._doc is not doc:  # (a simulation may swap the document)
+            direct = _DIRECT_INSERT and not doc._allow_multithreading
+            wtxn = self._wtxn = Transaction(doc) if direct else None
+        if wtxn is None or doc._txn is not None or self._kinds.get(name) != "map":
+            return self.local(ops, partial(root.__setitem__, key, stored), meta)
+        self._captured = None
+        self._capturing = True
+        # what `with doc.transaction():` does when none is open, without its Python frames
+        txn = doc._doc.create_transaction()
+        wtxn._txn, wtxn._leases, doc._txn = txn, 1, wtxn
+        try:
+            try:
+                root._integrated.insert(txn, key, stored)
+            finally:
+                txn.commit()  # (no rollback: what was applied is committed)
+            if doc._exceptions:  # an observer failed (pycrdt's observe wrapper kept it)
+                exceptions = tuple(doc._exceptions)
+                doc._exceptions.clear()
+                raise ExceptionGroup("Observer callback error", exceptions)
+        except BaseException:
+            self.partial_update = self._captured
+            raise
+        finally:
+            txn.drop()
+            wtxn._txn, wtxn._leases, doc._txn = None, 0, None
+            self._capturing = False
+        keys = self.index.get(name)
+        if keys is None:
+            keys = self.index[name] = {}
+        keys[key] = meta
+        update, self._captured = self._captured, None
+        return update
+
+    @staticmethod
+    def set_items(root: Any, items: list[tuple[str, Any]]) -> None:
+        """``root[key] = stored`` for every pair of ``items``, inside the document's open
+        transaction (an ``apply`` of :meth:`local` or :meth:`do`), each value going straight
+        to yrs as in :meth:`local_set`."""
+        txn = root.doc._txn
+        if _DIRECT_INSERT and txn is not None and txn._txn is not None:
+            insert, rtxn = root._integrated.insert, txn._txn
+            for key, stored in items:
+                insert(rtxn, key, stored)
+        else:
+            for key, stored in items:
+                root[key] = stored
+
+    def do_set(self, root: Any, name: str, key: str, stored: Any, meta: Meta) -> None:
+        """:meth:`do` of one map set (``["map", name, "set", key, stored]`` on ``root``)
+        inside :meth:`begin`/:meth:`end`, the value going straight to yrs as in
+        :meth:`local_set`."""
+        if self._kinds.get(name) != "map":
+            self._register(name, "map")
+        cm = self._txn_cm
+        if _DIRECT_INSERT and cm is not None and cm._txn is not None:
+            root._integrated.insert(cm._txn, key, stored)
+        else:
+            root[key] = stored
+        keys = self.index.get(name)
+        if keys is None:
+            keys = self.index[name] = {}
+        keys[key] = meta
+
+    def _register(self, name: str, kind: str) -> None:
+        current = self.registry.get(name)
+        if current in KINDS and current != kind:
+            raise CollectionKindMismatch(name, current, kind)
+        if current != kind:
+            self.registry[name] = kind
+        self._kinds[name] = kind
+
+    def entry(
+        self,
+        agent: str,
+        source: str,
+        update: bytes,
+        ops: list[Op],
+        wall: float,
+        origin: str = "",
+        call: str = "",
+    ) -> NewEntry:
+        return NewEntry(
+            agent, source, self.client_id, wall, update, ops, checksum(update), origin, call
+        )
+
+    def check_update(
+        self, update: bytes, *, trial_decode: bool = True, size_limit: bool = True
+    ) -> None:
+        """Reject update bytes that cannot be right before they reach the document.
+
+        Raises:
+            PayloadTooLarge: larger than ``max_update``.
+            InvalidUpdate: not bytes, or not decodable as a v1 update.
+        """
+        if not isinstance(update, bytes):
+            raise InvalidUpdate(f"expected bytes, got {type(update).__name__}")
+        if size_limit and len(update) > self.max_update:
+            raise PayloadTooLarge("update", len(update), self.max_update)
+        _check_counts(update)
+        if not trial_decode:
+            return
+        try:
+            # decoding the state vector parses the whole structure without touching the doc
+            from pycrdt import get_state
+
+            get_state(update)
+        except BaseException as exc:  # pycrdt raises ValueError, RuntimeError or a panic
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            raise InvalidUpdate(f"{type(exc).__name__}: {exc}") from None
+
+    def apply_update(
+        self, update: bytes, *, trial_decode: bool = True, size_limit: bool = True
+    ) -> None:
+        """Apply raw update bytes (no provenance).
+
+        Raises:
+            PayloadTooLarge, InvalidUpdate: see :meth:`check_update`; the doc is unchanged.
+        """
+        self.check_update(update, trial_decode=trial_decode, size_limit=size_limit)
+        # an update from elsewhere may register a name concurrently as another kind (the
+        # registry's last writer wins): forget what was cached, the registry is the truth.
+        # (Observing the registry instead would change how pycrdt encodes the document.)
+        self._kinds.clear()
+        try:
+            self.doc.apply_update(update)
+        except BaseException as exc:
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            raise InvalidUpdate(f"{type(exc).__name__}: {exc}") from None

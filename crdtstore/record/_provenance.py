@@ -1,0 +1,486 @@
+"""The provenance index: who wrote the current value of every map key, compactly.
+
+Each key holds the journal position of the entry that wrote it (an int; the entry's
+:class:`Meta` while it is not journaled yet), and a per-replica :class:`_EntryTable` holds
+agent, source, wall time and nested run once per entry; big collections keep their journaled
+positions packed in a :class:`_Settled` run. :class:`ProvenanceIndex` is the replica's part
+that keeps them (with the journal positions per collection and of the whole replica, which
+versions are made of) and exports them beside a snapshot.
+"""
+
+from __future__ import annotations
+
+import base64
+import sys
+import time
+from array import array
+from bisect import bisect_left
+from collections.abc import Sequence
+from itertools import accumulate, islice
+from operator import lt
+from typing import Any, NamedTuple
+
+from .._journal import Op
+
+
+class Meta(NamedTuple):
+    """Provenance of one journal entry (shared by every key it wrote).
+
+    A tuple of atomic values, so that the garbage collector stops tracking it. ``seq`` is None
+    until the entry is journaled: until then the provenance index points at this object
+    (one per entry, shared by every key it wrote); once the position is known the index holds
+    just the position and the replica's :class:`_EntryTable` the rest (without ``call``: the
+    live index does not keep tool-call ids, the journal does).
+    """
+
+    agent: str
+    source: str
+    wall_time: float
+    seq: int | None
+    run: str = ""  # the nested run that wrote it; "" for the journal's own run
+    call: str = ""  # the tool-call id it was written for (Record.attributed); "" for none
+
+    def as_list(self) -> list[Any]:
+        return [self.seq, self.agent, self.source, self.wall_time, self.run]
+
+
+def now() -> float:
+    return time.time()
+
+
+class _EntryTable:
+    """Provenance of journaled entries, by journal position, in parallel arrays.
+
+    One row per entry that is still the provenance of some key: 8 bytes of position, 8 of wall
+    time and a pointer to a shared ``(agent, source, run)`` tuple, instead of a ``Meta`` tuple
+    and its float per key (100k keys: about 2.4 MiB instead of 11). Rows are kept sorted
+    by position (entries arrive in journal order but for the odd local commit that lands
+    after a later remote entry was applied); rows no key points at any more are dropped when
+    the table has grown to twice what was live at the last sweep.
+    """
+
+    __slots__ = ("_last", "_names", "seqs", "sweep_at", "walls", "who")
+
+    def __init__(self) -> None:
+        self.seqs = array("q")
+        self.walls = array("d")
+        self.who: list[tuple[str, str, str]] = []
+        self._names: dict[tuple[str, str, str], tuple[str, str, str]] = {}
+        self._last = ("", "", "")
+        self.sweep_at = 4096
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    def names(self, agent: str, source: str, run: str) -> tuple[str, str, str]:
+        """The shared ``(agent, source, run)`` tuple."""
+        last = self._last
+        if last[0] is agent and last[1] is source and last[2] is run:
+            return last
+        who = (agent, source, run)
+        who = self._last = self._names.setdefault(who, who)
+        return who
+
+    def add(self, seq: int, agent: str, source: str, wall: float, run: str) -> None:
+        who = self.names(agent, source, run)
+        seqs = self.seqs
+        if not seqs or seq > seqs[-1]:
+            seqs.append(seq)
+            self.walls.append(wall)
+            self.who.append(who)
+            return
+        i = bisect_left(seqs, seq)
+        if i < len(seqs) and seqs[i] == seq:  # the same entry again: it is one entry
+            return
+        seqs.insert(i, seq)
+        self.walls.insert(i, wall)
+        self.who.insert(i, who)
+
+    def get(self, seq: int) -> Meta | None:
+        seqs = self.seqs
+        i = bisect_left(seqs, seq)
+        if i == len(seqs) or seqs[i] != seq:
+            return None
+        agent, source, run = self.who[i]
+        return Meta(agent, source, self.walls[i], seq, run)
+
+    def keep(self, live: set[Any]) -> None:
+        """Drop the rows whose position is not in ``live``."""
+        if live.issuperset(self.seqs):  # every row is live (at C speed): nothing to drop
+            self.sweep_at = max(4096, 2 * len(self.seqs))
+            return
+        rows = [i for i, seq in enumerate(self.seqs) if seq in live]
+        self.seqs = array("q", [self.seqs[i] for i in rows])
+        self.walls = array("d", [self.walls[i] for i in rows])
+        self.who = [self.who[i] for i in rows]
+        self.sweep_at = max(4096, 2 * len(rows))
+
+    def export(self) -> dict[str, Any]:
+        """The rows as JSON-able data: the columns packed (see :func:`_pack`)."""
+        names = list(dict.fromkeys(self.who))
+        number = {who: i for i, who in enumerate(names)}
+        return {
+            "seq": _pack(self.seqs),
+            "wall": _pack(self.walls),
+            "who": _pack(array("l", [number[w] for w in self.who])),
+            "names": [list(w) for w in names],
+        }
+
+    def load(self, table: dict[str, Any]) -> None:
+        """Take in rows as :meth:`export` wrote them."""
+        names = [self.names(str(a), str(s), str(r)) for a, s, r in table.get("names", [])]
+        seqs, walls = _unpack("q", table.get("seq", [])), _unpack("d", table.get("wall", []))
+        who = [names[i] for i in _unpack("l", table.get("who", []))]
+        if not (len(seqs) == len(walls) == len(who)):
+            raise ValueError("inconsistent provenance table")
+        if not self.seqs and _increasing(seqs):
+            # the usual case, a fresh replica: adopt the arrays as they are
+            self.seqs, self.walls, self.who = seqs, walls, who
+            self.sweep_at = max(4096, 2 * len(seqs))
+            return
+        for seq, wall, (agent, source, run) in zip(seqs, walls, who, strict=True):
+            self.add(seq, agent, source, wall, run)
+
+
+def _pack(values: array[Any]) -> str:
+    """An array as base64 of its items in little-endian order: a snapshot's provenance
+    columns are read back without a Python object per item."""
+    if sys.byteorder == "big":
+        values = array(values.typecode, values)
+        values.byteswap()
+    if values.typecode == "l":  # "l" is 4 or 8 bytes by platform: store 8
+        values = array("q", values)
+    return base64.b64encode(values.tobytes()).decode("ascii")
+
+
+def _unpack(typecode: str, data: str | list[Any]) -> array[Any]:
+    """The inverse of :func:`_pack` (a list is taken as is: an earlier layout)."""
+    if isinstance(data, list):
+        return array(typecode, data)
+    out = array("q" if typecode == "l" else typecode)
+    out.frombytes(base64.b64decode(data))
+    if sys.byteorder == "big":
+        out.byteswap()
+    return out
+
+
+def _increasing(items: Sequence[Any]) -> bool:
+    """Whether ``items`` is strictly increasing (compared at C speed)."""
+    return all(map(lt, items, islice(items, 1, None)))
+
+
+class _Settled:
+    """The journaled part of one collection's provenance index, packed: its keys sorted, as
+    one UTF-8 byte string with an array of offsets, and their journal positions in an array
+    (24 bytes a key besides the key's UTF-8 bytes, where a ``str`` object alone takes 50-60
+    and a dict entry with an int about 70 more: a 100k-key collection holds 2.2 MiB instead of
+    8). Looked up by bisection; newer positions live in the collection's dict, which takes
+    precedence, until the next :meth:`merge`. (UTF-8 byte order is code point order, so the
+    order is that of the keys as ``str``.)"""
+
+    __slots__ = ("_blob", "_offs", "seqs")
+
+    def __init__(self) -> None:
+        self._blob = b""
+        self._offs = array("q", [0])
+        self.seqs = array("q")
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    @property
+    def keys(self) -> list[str]:
+        """The keys, sorted (a new list: for export and tests, not for lookups)."""
+        return [k.decode("utf-8", "surrogatepass") for k in self._encoded()]
+
+    def _encoded(self) -> list[bytes]:
+        blob, offs = self._blob, self._offs
+        return [blob[a:b] for a, b in zip(offs, islice(offs, 1, None), strict=False)]
+
+    def get(self, key: str) -> int | None:
+        k = key.encode("utf-8", "surrogatepass")
+        lo, hi = 0, len(self.seqs)
+        blob, offs = self._blob, self._offs
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if blob[offs[mid] : offs[mid + 1]] < k:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo < len(self.seqs) and blob[offs[lo] : offs[lo + 1]] == k:
+            return self.seqs[lo]
+        return None
+
+    def _set(self, keys: list[bytes], seqs: array[int]) -> None:
+        self._blob = b"".join(keys)
+        offs = array("q", [0])
+        offs.extend(accumulate(map(len, keys)))
+        self._offs = offs
+        self.seqs = seqs
+
+    @classmethod
+    def of_sorted(cls, keys: Sequence[str], seqs: array[int]) -> _Settled:
+        """A run from keys already sorted (a snapshot's) and their positions."""
+        run = cls()
+        run._set([k.encode("utf-8", "surrogatepass") for k in keys], seqs)
+        return run
+
+    def merge(self, new: dict[str, int]) -> None:
+        """Take in ``new`` (key -> position), replacing the positions of keys already here."""
+        old_keys, old_seqs = self._encoded(), self.seqs
+        keys: list[bytes] = []
+        seqs = array("q")
+        prev, n = 0, len(old_keys)
+        for skey in sorted(new):
+            key = skey.encode("utf-8", "surrogatepass")
+            i = bisect_left(old_keys, key, prev)
+            if i > prev:  # the runs in between are copied at C speed
+                keys += old_keys[prev:i]
+                seqs += old_seqs[prev:i]
+            keys.append(key)
+            seqs.append(new[skey])
+            prev = i + 1 if i < n and old_keys[i] == key else i
+        keys += old_keys[prev:]
+        seqs += old_seqs[prev:]
+        self._set(keys, seqs)
+
+
+_SETTLE_MIN = 4096  # index entries of a collection kept as a dict before settling them
+
+
+class ProvenanceIndex:
+    """The provenance of a replica's map keys (see the module docstring); a base of
+    :class:`~crdtstore.record.Replica`, whose document writes update :attr:`index`."""
+
+    def __init__(self) -> None:
+        # collection -> key -> the journal position of the entry that wrote the current value
+        # (its provenance is in self.table), or the entry's Meta while it is not journaled, or
+        # (from snapshots of older versions, until first asked) [seq, agent, source, wall, run]
+        # (Bulk loads move the journaled positions of big collections into self._settled.)
+        self.index: dict[str, dict[str, Any]] = {}
+        self._settled: dict[str, _Settled] = {}
+        self.table = _EntryTable()
+        self.head = 0  # highest journal position reflected here (applied or own, journaled)
+        self.coll_seq: dict[str, int] = {}  # last journal position that touched a collection
+
+    def journaled(self, ops: list[Op], meta: Meta, seq: int) -> None:
+        """A local entry got its journal position: point its keys' provenance at it.
+
+        One table row per entry (none if every key it wrote was overwritten since), and a
+        dict store per key still pointing at ``meta``; no per-key tuple is rebuilt.
+        """
+        index = self.index
+        if seq > self.head:
+            self.head = seq
+        coll_seq = self.coll_seq
+        held = False
+        for op in ops:
+            coll_seq[op[1]] = seq
+            if op[0] == "map":
+                keys = index.get(op[1])
+                if keys is not None and keys.get(op[3]) is meta:
+                    keys[op[3]] = seq
+                    held = True
+        if held:
+            self._remember(seq, meta.agent, meta.source, meta.wall_time, meta.run)
+
+    def journaled_many(
+        self, batch: Sequence[tuple[bytes, list[Op], Meta]], seqs: Sequence[int]
+    ) -> None:
+        """:meth:`journaled` for a committed batch of ``(update, ops, meta)`` entries (the
+        committer's path: the same work without a call per entry)."""
+        index, coll_seq, table = self.index, self.coll_seq, self.table
+        tseqs = table.seqs
+        add_seq, add_wall, add_who = tseqs.append, table.walls.append, table.who.append
+        names = table.names
+        last = tseqs[-1] if tseqs else 0  # the table's last position
+        name: Any = None  # the collection of the last map op, and its keys
+        keys: dict[str, Any] | None = None
+        agent_, source_, run_, who_ = "", "", "", ("", "", "")  # the last entry's names
+        for (_, ops, meta), seq in zip(batch, seqs, strict=True):
+            held = False
+            for op in ops:
+                coll_seq[op[1]] = seq
+                if op[0] == "map":
+                    if op[1] is not name:
+                        name = op[1]
+                        keys = index.get(name)
+                    if keys is not None and keys.get(op[3]) is meta:
+                        keys[op[3]] = seq
+                        held = True
+            if held:
+                agent, source, wall, _, run, _ = meta
+                if seq <= last:
+                    table.add(seq, agent, source, wall, run)
+                else:  # the usual case: append, the (agent, source, run) shared
+                    if agent is not agent_ or source is not source_ or run is not run_:
+                        agent_, source_, run_ = agent, source, run
+                        who_ = names(agent, source, run)
+                    add_seq(seq)
+                    add_wall(wall)
+                    add_who(who_)
+                    last = seq
+        if seqs:
+            self.head = max(self.head, max(seqs))
+        if len(tseqs) > table.sweep_at:
+            table.keep(self._live_seqs())
+
+    def adopt(
+        self, collection: str, key: str, seq: int, agent: str, source: str, wall: float, run: str
+    ) -> None:
+        """Name entry ``seq`` (written by ``agent``...) as the provenance of ``collection[key]``:
+        when two entries left the same value (or both deleted the key), which one is named is
+        not decided by the document, and the journal's authority has the last word (a guarded
+        write refused by a server names the version it holds; see ``Record``)."""
+        self._remember(seq, agent, source, wall, run)
+        keys = self.index.get(collection)
+        if keys is None:
+            keys = self.index[collection] = {}
+        keys[key] = seq
+
+    def _remember(self, seq: int, agent: str, source: str, wall: float, run: str) -> None:
+        table = self.table
+        table.add(seq, agent, source, wall, run)
+        if len(table) > table.sweep_at:
+            table.keep(self._live_seqs())
+
+    def _live_seqs(self) -> set[Any]:
+        """The journal positions some key's provenance points at (plus the ``Meta`` of
+        entries not journaled yet: harmless in a set of positions, and leaving them in lets
+        the values go in at C speed)."""
+        live: set[Any] = set()
+        for keys in self.index.values():
+            try:
+                live.update(keys.values())
+            except TypeError:  # an older snapshot's [seq, agent, ...] lists: unhashable
+                live.update(v for v in keys.values() if type(v) is int)
+        for settled in self._settled.values():
+            live.update(settled.seqs)
+        return live
+
+    def _settle(self, *, every: bool = False) -> None:
+        """After a bulk load: move the journaled positions of collections with many keys
+        (``every``: of all collections) from their dict into their :class:`_Settled` run
+        (amortised: a collection's dict is settled when it has grown to half the settled
+        run)."""
+        for name, keys in self.index.items():
+            settled = self._settled.get(name)
+            if not every and len(keys) < max(_SETTLE_MIN, len(settled) // 2 if settled else 0):
+                continue
+            journaled = {k: v for k, v in keys.items() if type(v) is int}
+            if not journaled:
+                continue
+            if settled is None:
+                settled = self._settled[name] = _Settled()
+            settled.merge(journaled)
+            self.index[name] = {k: v for k, v in keys.items() if type(v) is not int}
+
+    def meta(self, collection: str, key: str) -> Meta | None:
+        """The provenance of the current value of ``collection[key]`` (None if unknown)."""
+        keys = self.index.get(collection)
+        value: Any = None if keys is None else keys.get(key)
+        if value is None:
+            settled = self._settled.get(collection)
+            seq = None if settled is None else settled.get(key)
+            return None if seq is None else self.table.get(seq)
+        if type(value) is int:
+            return self.table.get(value)
+        if isinstance(value, Meta):
+            return value
+        assert keys is not None
+        seq, agent, source, wall, *rest = value  # as an older snapshot stored it
+        meta = Meta(agent, source, wall, seq, rest[0] if rest else "")
+        if type(seq) is int:
+            self._remember(seq, agent, source, wall, meta.run)
+            keys[key] = seq
+        return meta
+
+    def agent_of(self, collection: str, key: str) -> str | None:
+        """``meta(collection, key).agent`` without building the ``Meta`` (the owner policy's
+        lookup on every overwrite)."""
+        keys = self.index.get(collection)
+        value: Any = None if keys is None else keys.get(key)
+        if value is None:
+            settled = self._settled.get(collection)
+            value = None if settled is None else settled.get(key)
+            if value is None:
+                return None
+        if type(value) is int:
+            table = self.table
+            seqs = table.seqs
+            i = bisect_left(seqs, value)
+            if i == len(seqs) or seqs[i] != value:
+                return None
+            return table.who[i][0]
+        if type(value) is Meta:
+            agent: str = value[0]
+            return agent
+        meta = self.meta(collection, key)  # an older snapshot's list: converted once
+        return None if meta is None else meta.agent
+
+    def export_state(self) -> dict[str, Any]:
+        """crdtstore's bookkeeping to store beside a snapshot's update.
+
+        ``settled`` holds, per collection, the journaled keys sorted and their journal
+        positions packed (see :func:`_pack`); ``index`` the other keys (an entry not yet
+        journaled, or adopted from an older snapshot) as ``[seq, agent, source, wall, run]``;
+        ``table`` the provenance of the positions (see :class:`_EntryTable`). Older
+        snapshots, with every key in ``index``, are read as well.
+        """
+        self._settle(every=True)
+        self.table.keep(self._live_seqs())
+        return {
+            "index": {
+                name: {
+                    key: meta.as_list() if isinstance(meta, Meta) else meta
+                    for key, meta in keys.items()
+                }
+                for name, keys in self.index.items()
+                if keys
+            },
+            "settled": {
+                name: {"keys": settled.keys, "seqs": _pack(settled.seqs)}
+                for name, settled in self._settled.items()
+            },
+            "table": self.table.export(),
+            "head": self.head,
+            "coll_seq": self.coll_seq,
+        }
+
+    def import_state(self, state: dict[str, Any]) -> None:
+        self.head = max(self.head, int(state.get("head", 0)))
+        for name, seq in state.get("coll_seq", {}).items():
+            self.coll_seq[name] = max(self.coll_seq.get(name, 0), int(seq))
+        # The index is adopted as parsed: key -> position (and the table's arrays at C
+        # speed), or, from older snapshots, [seq, agent, source, wall, run] lists turned into
+        # a position only when asked for (see meta()): building a tuple per key made resuming
+        # a 100k-key snapshot spend half its time here.
+        if "table" in state:
+            self.table.load(state["table"])
+        for name, run in state.get("settled", {}).items():
+            skeys, sseqs = run["keys"], _unpack("q", run["seqs"])
+            # str and other types do not compare: an increasing list opening with a str is
+            # all str
+            if len(skeys) != len(sseqs) or (skeys and type(skeys[0]) is not str):
+                raise ValueError("inconsistent settled index")
+            try:
+                ordered = _increasing(skeys)
+            except TypeError:
+                raise ValueError("inconsistent settled index") from None
+            if name not in self._settled and ordered:
+                self._settled[name] = _Settled.of_sorted(skeys, sseqs)
+            else:  # merge under what this replica knows already
+                into = self.index.setdefault(name, {})
+                for key, seq in zip(skeys, sseqs, strict=True):
+                    if key not in into and self.meta(name, key) is None:
+                        into[key] = seq
+        for name, keys in state.get("index", {}).items():
+            target = self.index.get(name)
+            if target is None and name not in self._settled:
+                self.index[name] = keys
+            else:
+                target = self.index.setdefault(name, {})
+                for key, value in keys.items():
+                    if key not in target and self.meta(name, key) is None:
+                        target[key] = value
+        self._settle()
