@@ -18,7 +18,8 @@ over stdio against the same calls in-process and an MCP server with one no-op to
   ``crdtstore mcp --store sqlite:///... --run R --agent A`` (the console script beside this
   interpreter), calling ``store_put`` and ``store_get`` in turn; per-call latency p50/p99.
   Baselines in the same run, interleaved by chunks: the same calls through an in-process
-  ``Toolset`` on the same store (the ratio is the transport's cost), and an ``MCPServer`` with
+  ``Toolset`` on the same store file (another run, so that neither side applies the other's
+  writes; the ratio is the transport's cost), and an ``MCPServer`` with
   one no-op tool (a script written to a temp file), the SDK's own floor. Target: p50 <= 2 ms.
 """
 
@@ -231,7 +232,7 @@ async def mcp_round_trips(
             stdio_client(noop, errlog=errlog) as (r2, w2),
             ClientSession(r2, w2) as floor,
             crdtstore.open_store(url) as store,
-            store.open_record("mcp-bench", "in-process", "model") as rec,
+            store.open_record("mcp-bench-local", "in-process", "model") as rec,
             Toolset(rec) as ts,
         ):
             await crdt.initialize()
