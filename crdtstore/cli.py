@@ -63,6 +63,7 @@ from . import (
 )
 from ._cli_flow import flow_app
 from ._cli_leases import leases_command
+from ._cli_plugins import CommandGroup
 from ._cli_tools import register as register_tool_commands
 
 T = TypeVar("T")
@@ -70,6 +71,7 @@ T = TypeVar("T")
 
 app = typer.Typer(
     name="crdtstore",
+    cls=CommandGroup,  # + the commands of crdtstore.commands entry points (sync: serve, token)
     help="One shared, journaled CRDT working record per run, for concurrent AI agents.",
     no_args_is_help=True,
     add_completion=False,
@@ -990,144 +992,6 @@ def demo(
         _run_demo, _path_url(path), path, name, agents, writes, durability.value, timeout
     )
     raise typer.Exit(code)
-
-
-# -- sync hub: token and serve (the ``sync`` package is imported only when they run) -------------
-
-
-def _sync_cli() -> Any:
-    """``sync._cli``, imported when a hub command runs: crdtstore never imports sync at
-    import time (nor names it in an import statement, see tests/test_sync_protocol.py)."""
-    import importlib
-
-    return importlib.import_module("sync._cli")
-
-
-SecretFileOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--secret-file",
-        help="File holding the token signing secret (default: $CRDTSTORE_SECRET).",
-    ),
-]
-
-
-RevokedFileOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--revoked-file",
-        help="Revocation list, one token id per line "
-        "(default for sqlite:///path/store.db: path/store.db.revoked).",
-    ),
-]
-
-token_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-app.add_typer(token_app, name="token")
-
-
-@token_app.callback(invoke_without_command=True)
-def token(
-    ctx: typer.Context,
-    tenant: Annotated[str | None, typer.Option("--tenant", help="Tenant the token is for.")] = None,
-    run: Annotated[
-        str | None, typer.Option("--run", help="Run name, or a run prefix ending with '*'.")
-    ] = None,
-    agent: Annotated[
-        str | None, typer.Option("--agent", help="Agent id its writes are attributed to.")
-    ] = None,
-    rw: Annotated[
-        bool, typer.Option("--rw/--ro", help="Allow writes (--rw) or only reads (--ro).")
-    ] = False,
-    ttl: Annotated[float, typer.Option("--ttl", help="Seconds the token stays valid.")] = 3600.0,
-    secret_file: SecretFileOpt = None,
-) -> None:
-    """Mint a token for the sync hub (--tenant, --run and --agent are required): its id
-    (jti, to revoke it by) is printed first, the token itself on the last line.
-    'crdtstore token revoke' revokes one."""
-    if ctx.invoked_subcommand is not None:
-        return
-    if tenant is None or run is None or agent is None:
-        missing = [
-            n for n, v in (("--tenant", tenant), ("--run", run), ("--agent", agent)) if v is None
-        ]
-        raise _fail(f"missing option(s) {', '.join(missing)}", 2)
-    try:
-        claims, minted = _sync_cli().issue_token(
-            tenant=tenant, run=run, agent=agent, rw=rw, ttl=ttl, secret_file=secret_file
-        )
-    except CrdtStoreError as exc:
-        raise _fail(str(exc)) from None
-    print(f"jti: {claims.jti}")
-    print(minted)
-
-
-@token_app.command("revoke")
-def token_revoke(
-    jti: Annotated[str, typer.Option("--jti", help="Id of the token (printed by 'token').")],
-    store: Annotated[
-        str | None,
-        typer.Option("--store", help="Store URL (or path) whose revocation file to add it to."),
-    ] = None,
-    revoked_file: RevokedFileOpt = None,
-) -> None:
-    """Revoke a token: a hub serving the store refuses it within a second (4403, or HTTP 403)
-    and closes the connections using it (4403)."""
-    url = store if store is None or "://" in store else _path_url(Path(store))
-    try:
-        path = _sync_cli().revoke_token(jti, store=url, revoked_file=revoked_file)
-    except CrdtStoreError as exc:
-        raise _fail(str(exc)) from None
-    print(f"revoked {jti} (in {path})")
-
-
-@app.command()
-def serve(
-    store: Annotated[str, typer.Option("--store", help="Store URL (sqlite:///path/store.db).")],
-    host: Annotated[str, typer.Option("--host", help="Interface to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="TCP port (0: any free port).")] = 8765,
-    secret_file: SecretFileOpt = None,
-    revoked_file: RevokedFileOpt = None,
-    refuse_with: Annotated[
-        str,
-        typer.Option(
-            "--refuse-with",
-            help="How a bad token is refused: 'close' (upgrade, then close 4401/4403: final "
-            "for y-websocket clients) or 'http' (HTTP 401/403 at the upgrade).",
-        ),
-    ] = "close",
-    journal_window: Annotated[
-        float | None,
-        typer.Option(
-            "--journal-window",
-            help="Seconds a plain Yjs client's update may wait to be journaled, so that "
-            "updates arriving together share a commit (default 0.02; 0: every event-loop "
-            "iteration).",
-        ),
-    ] = None,
-    store_linger: Annotated[
-        float | None,
-        typer.Option(
-            "--store-linger",
-            help="Seconds a tenant's store stays open after its last run is unloaded "
-            "(default 5; 0: closed at once).",
-        ),
-    ] = None,
-) -> None:
-    """Start the sync hub: agents connect to ws://HOST:PORT/<tenant>/<run>?token=...;
-    tokens listed in the revocation file are refused (it is re-read when it changes)."""
-    try:
-        _sync_cli().serve_hub(
-            store,
-            host,
-            port,
-            secret_file,
-            revoked_file,
-            refuse_with,
-            journal_window,
-            store_linger,
-        )
-    except CrdtStoreError as exc:
-        raise _fail(str(exc)) from None
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
-"""The command-line side of the hub: ``crdtstore token``, ``crdtstore token revoke``,
-``crdtstore serve`` and ``python -m sync`` call into here (``crdtstore.cli`` imports this module
-lazily).
+"""The command-line side of the hub: ``crdtstore token``, ``crdtstore token revoke`` and
+``crdtstore serve`` (added to crdtstore's CLI through the ``crdtstore.commands`` entry-point
+group: :data:`token_app`, :func:`serve_command`), and ``python -m sync``.
 
 Revocation: ``crdtstore token`` prints the token's id (``jti``) above the token; ``crdtstore
 token revoke --jti ID --store URL`` appends it to the store's revocation file (for
@@ -27,6 +27,8 @@ from typing import Annotated
 import anyio
 import typer
 from pydantic import ValidationError
+from rich.console import Console
+from rich.text import Text
 
 from crdtstore import CrdtStoreError, InvalidValue
 
@@ -41,7 +43,15 @@ from ._tokens import (
     new_jti,
 )
 
-__all__ = ["issue_token", "main", "mint_token", "revoke_token", "serve_hub"]
+__all__ = [
+    "issue_token",
+    "main",
+    "mint_token",
+    "revoke_token",
+    "serve_command",
+    "serve_hub",
+    "token_app",
+]
 
 DEFAULT_TTL = 3600.0
 
@@ -204,7 +214,22 @@ def serve_hub(
         anyio.run(run)
 
 
-StoreOpt = Annotated[str, typer.Option("--store", help="Store URL, e.g. sqlite:///runs/store.db.")]
+# -- the commands: ``crdtstore serve``, ``crdtstore token [revoke]`` (registered in the
+# ``crdtstore.commands`` entry-point group, see pyproject.toml) and ``python -m sync`` ----------
+
+_err_console = Console(stderr=True, highlight=False)
+
+
+def _fail(message: str, code: int = 1) -> typer.Exit:
+    _err_console.print(Text.assemble(("error: ", "bold red"), message))
+    return typer.Exit(code)
+
+
+def _path_url(path: Path) -> str:
+    return f"sqlite:///{path.expanduser().resolve()}"
+
+
+StoreOpt = Annotated[str, typer.Option("--store", help="Store URL (sqlite:///path/store.db).")]
 HostOpt = Annotated[str, typer.Option("--host", help="Interface to listen on.")]
 PortOpt = Annotated[int, typer.Option("--port", help="TCP port (0: any free port).")]
 SecretFileOpt = Annotated[
@@ -218,7 +243,7 @@ RevokedFileOpt = Annotated[
     Path | None,
     typer.Option(
         "--revoked-file",
-        help="Revocation list, one token id per line, re-read when it changes "
+        help="Revocation list, one token id per line "
         "(default for sqlite:///path/store.db: path/store.db.revoked).",
     ),
 ]
@@ -227,8 +252,8 @@ RefuseWithOpt = Annotated[
     str,
     typer.Option(
         "--refuse-with",
-        help="How a bad token is refused: 'close' (upgrade, then close 4401/4403: final for "
-        "y-websocket clients) or 'http' (HTTP 401/403 at the upgrade).",
+        help="How a bad token is refused: 'close' (upgrade, then close 4401/4403: final "
+        "for y-websocket clients) or 'http' (HTTP 401/403 at the upgrade).",
     ),
 ]
 
@@ -236,18 +261,18 @@ JournalWindowOpt = Annotated[
     float | None,
     typer.Option(
         "--journal-window",
-        help="Seconds a plain Yjs client's update may wait to be journaled, so that updates "
-        "arriving together share a commit (default 0.02; 0: every event-loop iteration).",
+        help="Seconds a plain Yjs client's update may wait to be journaled, so that "
+        "updates arriving together share a commit (default 0.02; 0: every event-loop "
+        "iteration).",
     ),
 ]
-
 
 StoreLingerOpt = Annotated[
     float | None,
     typer.Option(
         "--store-linger",
-        help="Seconds a tenant's store stays open after its last run is unloaded (default 5; "
-        "0: closed at once).",
+        help="Seconds a tenant's store stays open after its last run is unloaded "
+        "(default 5; 0: closed at once).",
     ),
 ]
 
@@ -276,8 +301,65 @@ def serve_command(
             store_linger,
         )
     except CrdtStoreError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from None
+        raise _fail(str(exc)) from None
+
+
+token_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+
+
+@token_app.callback(invoke_without_command=True)
+def token(
+    ctx: typer.Context,
+    tenant: Annotated[str | None, typer.Option("--tenant", help="Tenant the token is for.")] = None,
+    run: Annotated[
+        str | None, typer.Option("--run", help="Run name, or a run prefix ending with '*'.")
+    ] = None,
+    agent: Annotated[
+        str | None, typer.Option("--agent", help="Agent id its writes are attributed to.")
+    ] = None,
+    rw: Annotated[
+        bool, typer.Option("--rw/--ro", help="Allow writes (--rw) or only reads (--ro).")
+    ] = False,
+    ttl: Annotated[float, typer.Option("--ttl", help="Seconds the token stays valid.")] = 3600.0,
+    secret_file: SecretFileOpt = None,
+) -> None:
+    """Mint a token for the sync hub (--tenant, --run and --agent are required): its id
+    (jti, to revoke it by) is printed first, the token itself on the last line.
+    'crdtstore token revoke' revokes one."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if tenant is None or run is None or agent is None:
+        missing = [
+            n for n, v in (("--tenant", tenant), ("--run", run), ("--agent", agent)) if v is None
+        ]
+        raise _fail(f"missing option(s) {', '.join(missing)}", 2)
+    try:
+        claims, minted = issue_token(
+            tenant=tenant, run=run, agent=agent, rw=rw, ttl=ttl, secret_file=secret_file
+        )
+    except CrdtStoreError as exc:
+        raise _fail(str(exc)) from None
+    print(f"jti: {claims.jti}")
+    print(minted)
+
+
+@token_app.command("revoke")
+def token_revoke(
+    jti: Annotated[str, typer.Option("--jti", help="Id of the token (printed by 'token').")],
+    store: Annotated[
+        str | None,
+        typer.Option("--store", help="Store URL (or path) whose revocation file to add it to."),
+    ] = None,
+    revoked_file: RevokedFileOpt = None,
+) -> None:
+    """Revoke a token: a hub serving the store refuses it within a second (4403, or HTTP 403)
+    and closes the connections using it (4403)."""
+    url = store if store is None or "://" in store else _path_url(Path(store))
+    try:
+        path = revoke_token(jti, store=url, revoked_file=revoked_file)
+    except CrdtStoreError as exc:
+        raise _fail(str(exc)) from None
+    print(f"revoked {jti} (in {path})")
 
 
 def main() -> None:

@@ -11,9 +11,7 @@ from typing import Any, Protocol, runtime_checkable
 from pycrdt import Doc, get_state
 
 from crdtstore import InvalidUpdate, PayloadTooLarge, Replica
-
-from ._encoding import Decoder
-from ._errors import ProtocolError
+from crdtstore.codec import check_update_counts
 
 __all__ = ["Document", "PycrdtDocument", "ReplicaDocument"]
 
@@ -42,23 +40,6 @@ class Document(Protocol):
     def apply_update(self, update: bytes) -> None:
         """Apply an update (v1) from the peer."""
         ...
-
-
-def _check_counts(update: bytes) -> None:
-    # A v1 update starts with the number of clients, then the first client's number of
-    # structs; each takes at least a byte. pycrdt pre-allocates for the claimed counts, so
-    # refuse counts the bytes cannot hold before it sees them.
-    try:
-        dec = Decoder(update)
-        clients = dec.read_var_uint()
-        if clients > dec.remaining:
-            raise InvalidUpdate(f"claims {clients} clients in {len(update)} bytes")
-        if clients:
-            structs = dec.read_var_uint()
-            if structs > dec.remaining:
-                raise InvalidUpdate(f"claims {structs} structs in {len(update)} bytes")
-    except ProtocolError as exc:
-        raise InvalidUpdate(exc.reason) from None
 
 
 def _is_fatal(exc: BaseException) -> bool:
@@ -91,7 +72,7 @@ class PycrdtDocument:
     def apply_update(self, update: bytes) -> None:
         if len(update) > self.max_update:
             raise PayloadTooLarge("update", len(update), self.max_update)
-        _check_counts(update)
+        check_update_counts(update)  # (an InvalidUpdate: pycrdt pre-allocates for the counts)
         try:
             get_state(update)
             self.doc.apply_update(update)

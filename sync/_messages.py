@@ -1,6 +1,6 @@
 """The y-protocols messages, one per binary WebSocket frame, and crdtstore's extension. No I/O.
 
-Wire format (``•`` concatenates; see ``_encoding`` for the primitives)::
+Wire format (``•`` concatenates; the primitives are lib0's, :mod:`crdtstore.codec`)::
 
     syncStep1(sv)          = varUint(0) • varUint(0) • varUint8Array(state vector)
     syncStep2(update)      = varUint(0) • varUint(1) • varUint8Array(update)
@@ -28,7 +28,8 @@ A :class:`Push` is the hub telling a crdtstore client (a connection that chose t
 "seq": N}`` when the run's journal head moved to ``N``.
 
 Decoding is strict: one message per frame, no trailing bytes, known types only, JSON payloads
-validated by the pydantic models below. Every failure is a :class:`~sync.ProtocolError`.
+validated by the pydantic models below. Every failure is a :class:`~sync.ProtocolError` (the
+codec's :class:`~crdtstore.codec.CodecError` is translated here, at the protocol boundary).
 ``decode(encode(m)) == m`` for every message ``m``.
 
 The binary messages are frozen dataclasses rather than pydantic models: they sit on the hot
@@ -54,8 +55,9 @@ from pydantic import (
 )
 
 from crdtstore import CrdtStoreError
+from crdtstore.codec import MAX_SAFE_INTEGER, CodecError, Decoder, Encoder
+from crdtstore.codec import decode_state_vector as _decode_state_vector
 
-from ._encoding import MAX_SAFE_INTEGER, Decoder, Encoder
 from ._errors import MessageTooLarge, ProtocolError
 
 __all__ = [
@@ -310,46 +312,49 @@ def encode(message: Message) -> bytes:
     Raises:
         ProtocolError: a field cannot be encoded (not bytes, a lone surrogate, ...).
     """
-    enc = Encoder()
-    if isinstance(message, Update):
-        enc.write_var_uint(MessageType.SYNC)
-        enc.write_var_uint(SyncType.UPDATE)
-        enc.write_var_uint8array(message.update)
-    elif isinstance(message, SyncStep1):
-        enc.write_var_uint(MessageType.SYNC)
-        enc.write_var_uint(SyncType.STEP1)
-        enc.write_var_uint8array(message.state_vector)
-    elif isinstance(message, SyncStep2):
-        enc.write_var_uint(MessageType.SYNC)
-        enc.write_var_uint(SyncType.STEP2)
-        enc.write_var_uint8array(message.update)
-    elif isinstance(message, Awareness):
-        enc.write_var_uint(MessageType.AWARENESS)
-        enc.write_var_uint8array(message.payload)
-    elif isinstance(message, PermissionDenied):
-        enc.write_var_uint(MessageType.AUTH)
-        enc.write_var_uint(AuthType.PERMISSION_DENIED)
-        enc.write_var_string(message.reason)
-    elif isinstance(message, QueryAwareness):
-        enc.write_var_uint(MessageType.QUERY_AWARENESS)
-    elif isinstance(message, (Request, Response, Push)):
-        enc.write_var_uint(MessageType.CRDTSTORE)
-        kind = (
-            ExtensionType.REQUEST
-            if isinstance(message, Request)
-            else ExtensionType.RESPONSE
-            if isinstance(message, Response)
-            else ExtensionType.PUSH
-        )
-        enc.write_var_uint(kind)
-        try:
-            text = _dump_json(message)
-        except pydantic_core.PydanticSerializationError as exc:
-            raise ProtocolError(f"cannot encode {type(message).__name__}: {exc}") from None
-        enc.write_var_string(text)
-    else:
-        raise ProtocolError(f"not a message: {type(message).__name__}")
-    return enc.to_bytes()
+    try:
+        enc = Encoder()
+        if isinstance(message, Update):
+            enc.write_var_uint(MessageType.SYNC)
+            enc.write_var_uint(SyncType.UPDATE)
+            enc.write_var_uint8array(message.update)
+        elif isinstance(message, SyncStep1):
+            enc.write_var_uint(MessageType.SYNC)
+            enc.write_var_uint(SyncType.STEP1)
+            enc.write_var_uint8array(message.state_vector)
+        elif isinstance(message, SyncStep2):
+            enc.write_var_uint(MessageType.SYNC)
+            enc.write_var_uint(SyncType.STEP2)
+            enc.write_var_uint8array(message.update)
+        elif isinstance(message, Awareness):
+            enc.write_var_uint(MessageType.AWARENESS)
+            enc.write_var_uint8array(message.payload)
+        elif isinstance(message, PermissionDenied):
+            enc.write_var_uint(MessageType.AUTH)
+            enc.write_var_uint(AuthType.PERMISSION_DENIED)
+            enc.write_var_string(message.reason)
+        elif isinstance(message, QueryAwareness):
+            enc.write_var_uint(MessageType.QUERY_AWARENESS)
+        elif isinstance(message, (Request, Response, Push)):
+            enc.write_var_uint(MessageType.CRDTSTORE)
+            kind = (
+                ExtensionType.REQUEST
+                if isinstance(message, Request)
+                else ExtensionType.RESPONSE
+                if isinstance(message, Response)
+                else ExtensionType.PUSH
+            )
+            enc.write_var_uint(kind)
+            try:
+                text = _dump_json(message)
+            except pydantic_core.PydanticSerializationError as exc:
+                raise ProtocolError(f"cannot encode {type(message).__name__}: {exc}") from None
+            enc.write_var_string(text)
+        else:
+            raise ProtocolError(f"not a message: {type(message).__name__}")
+        return enc.to_bytes()
+    except CodecError as exc:
+        raise ProtocolError(exc.reason) from None
 
 
 def _parse_json(text: str, what: str) -> Any:
@@ -395,42 +400,45 @@ def decode(frame: bytes, *, max_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> Message
                 return Update(bytes(frame[3:]))
         elif frame[3] and frame[3] < 0x80 and size == 4 + ((first & 0x7F) | (frame[3] << 7)):
             return Update(bytes(frame[4:]))
-    dec = Decoder(frame)
-    kind = dec.read_var_uint()
-    message: Message
-    if kind == MessageType.SYNC:
-        sub = dec.read_var_uint()
-        if sub == SyncType.UPDATE:
-            message = Update(dec.read_var_uint8array())
-        elif sub == SyncType.STEP1:
-            message = SyncStep1(dec.read_var_uint8array())
-        elif sub == SyncType.STEP2:
-            message = SyncStep2(dec.read_var_uint8array())
+    try:
+        dec = Decoder(frame)
+        kind = dec.read_var_uint()
+        message: Message
+        if kind == MessageType.SYNC:
+            sub = dec.read_var_uint()
+            if sub == SyncType.UPDATE:
+                message = Update(dec.read_var_uint8array())
+            elif sub == SyncType.STEP1:
+                message = SyncStep1(dec.read_var_uint8array())
+            elif sub == SyncType.STEP2:
+                message = SyncStep2(dec.read_var_uint8array())
+            else:
+                raise ProtocolError(f"unknown sync message type {sub}")
+        elif kind == MessageType.AWARENESS:
+            message = Awareness(dec.read_var_uint8array())
+        elif kind == MessageType.AUTH:
+            sub = dec.read_var_uint()
+            if sub != AuthType.PERMISSION_DENIED:
+                raise ProtocolError(f"unknown auth message type {sub}")
+            message = PermissionDenied(dec.read_var_string())
+        elif kind == MessageType.QUERY_AWARENESS:
+            message = QueryAwareness()
+        elif kind == MessageType.CRDTSTORE:
+            sub = dec.read_var_uint()
+            if sub == ExtensionType.REQUEST:
+                message = _validate(Request, dec.read_var_string())
+            elif sub == ExtensionType.RESPONSE:
+                message = _validate(Response, dec.read_var_string())
+            elif sub == ExtensionType.PUSH:
+                message = _validate(Push, dec.read_var_string())
+            else:
+                raise ProtocolError(f"unknown crdtstore message type {sub}")
         else:
-            raise ProtocolError(f"unknown sync message type {sub}")
-    elif kind == MessageType.AWARENESS:
-        message = Awareness(dec.read_var_uint8array())
-    elif kind == MessageType.AUTH:
-        sub = dec.read_var_uint()
-        if sub != AuthType.PERMISSION_DENIED:
-            raise ProtocolError(f"unknown auth message type {sub}")
-        message = PermissionDenied(dec.read_var_string())
-    elif kind == MessageType.QUERY_AWARENESS:
-        message = QueryAwareness()
-    elif kind == MessageType.CRDTSTORE:
-        sub = dec.read_var_uint()
-        if sub == ExtensionType.REQUEST:
-            message = _validate(Request, dec.read_var_string())
-        elif sub == ExtensionType.RESPONSE:
-            message = _validate(Response, dec.read_var_string())
-        elif sub == ExtensionType.PUSH:
-            message = _validate(Push, dec.read_var_string())
-        else:
-            raise ProtocolError(f"unknown crdtstore message type {sub}")
-    else:
-        raise ProtocolError(f"unknown message type {kind}")
-    dec.end(type(message).__name__)
-    return message
+            raise ProtocolError(f"unknown message type {kind}")
+        dec.end(type(message).__name__)
+        return message
+    except CodecError as exc:
+        raise ProtocolError(exc.reason) from None
 
 
 # -- payloads inside messages ---------------------------------------------------------------
@@ -442,21 +450,24 @@ def decode_awareness_update(payload: bytes) -> tuple[AwarenessEntry, ...]:
     Raises:
         ProtocolError: truncated, trailing bytes, or a state that is not JSON.
     """
-    dec = Decoder(payload)
-    count = dec.read_var_uint()
-    # each entry takes at least 3 bytes: refuse a count the payload cannot hold before
-    # looping over it
-    if count > dec.remaining // 3:
-        raise ProtocolError(f"awareness update claims {count} entries in {len(payload)} bytes")
-    entries = []
-    for _ in range(count):
-        client_id = dec.read_var_uint()
-        clock = dec.read_var_uint()
-        state = dec.read_var_string()
-        _parse_json(state, "awareness state")
-        entries.append(AwarenessEntry(client_id, clock, state))
-    dec.end("awareness update")
-    return tuple(entries)
+    try:
+        dec = Decoder(payload)
+        count = dec.read_var_uint()
+        # each entry takes at least 3 bytes: refuse a count the payload cannot hold before
+        # looping over it
+        if count > dec.remaining // 3:
+            raise ProtocolError(f"awareness update claims {count} entries in {len(payload)} bytes")
+        entries = []
+        for _ in range(count):
+            client_id = dec.read_var_uint()
+            clock = dec.read_var_uint()
+            state = dec.read_var_string()
+            _parse_json(state, "awareness state")
+            entries.append(AwarenessEntry(client_id, clock, state))
+        dec.end("awareness update")
+        return tuple(entries)
+    except CodecError as exc:
+        raise ProtocolError(exc.reason) from None
 
 
 def encode_awareness_update(entries: tuple[AwarenessEntry, ...] | list[AwarenessEntry]) -> bytes:
@@ -465,34 +476,26 @@ def encode_awareness_update(entries: tuple[AwarenessEntry, ...] | list[Awareness
     Raises:
         ProtocolError: an entry's fields cannot be encoded.
     """
-    enc = Encoder()
-    enc.write_var_uint(len(entries))
-    for entry in entries:
-        enc.write_var_uint(entry.client_id)
-        enc.write_var_uint(entry.clock)
-        enc.write_var_string(entry.state)
-    return enc.to_bytes()
-
-
-_STATE_VECTOR_ENTRY_MIN = 2  # a client id and a clock take a byte each at least
+    try:
+        enc = Encoder()
+        enc.write_var_uint(len(entries))
+        for entry in entries:
+            enc.write_var_uint(entry.client_id)
+            enc.write_var_uint(entry.clock)
+            enc.write_var_string(entry.state)
+        return enc.to_bytes()
+    except CodecError as exc:
+        raise ProtocolError(exc.reason) from None
 
 
 def decode_state_vector(state_vector: bytes) -> dict[int, int]:
-    """A v1 state vector (``varUint(n) • n * (varUint(client) • varUint(clock))``) as a dict.
+    """A v1 state vector (``varUint(n) • n * (varUint(client) • varUint(clock))``) as a dict
+    (:func:`crdtstore.codec.decode_state_vector`, with the protocol's error).
 
     Raises:
         ProtocolError: truncated, trailing bytes, or a client listed twice.
     """
-    dec = Decoder(state_vector)
-    count = dec.read_var_uint()
-    if count > dec.remaining // _STATE_VECTOR_ENTRY_MIN:
-        raise ProtocolError(f"state vector claims {count} clients in {len(state_vector)} bytes")
-    out: dict[int, int] = {}
-    for _ in range(count):
-        client = dec.read_var_uint()
-        clock = dec.read_var_uint()
-        if client in out:
-            raise ProtocolError(f"state vector lists client {client} twice")
-        out[client] = clock
-    dec.end("state vector")
-    return out
+    try:
+        return _decode_state_vector(state_vector)
+    except CodecError as exc:
+        raise ProtocolError(exc.reason) from None

@@ -61,8 +61,8 @@ from crdtstore import InvalidValue
 from crdtstore._leases import Proc, canonical_resources, this_proc
 from crdtstore._leases._engine import check_key, check_owner, check_ttl
 from crdtstore._leases._models import LeaseState
+from crdtstore.codec import MAX_SAFE_INTEGER
 
-from ._encoding import MAX_SAFE_INTEGER
 from ._ops import OpContext, op
 from ._tokens import Forbidden
 

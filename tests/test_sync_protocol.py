@@ -1,4 +1,5 @@
-"""The pure sync protocol: lib0 encodings, y-protocols messages, and the session machines.
+"""The pure sync protocol: y-protocols messages and the session machines (lib0 itself:
+tests/test_codec.py).
 
 Golden bytes are derived by hand from y-protocols' PROTOCOL.md and lib0's encoding (and, for
 sync frames, checked against pycrdt's own encoder, which is yrs's).
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 
 import crdtstore
 import sync
+from crdtstore.codec import MAX_SAFE_INTEGER, Encoder, encode_var_uint
 from sync import (
     Awareness,
     AwarenessEntry,
@@ -43,7 +45,6 @@ from sync import (
     encode,
     encode_awareness_update,
 )
-from sync._encoding import MAX_SAFE_INTEGER, Decoder, Encoder, decode_var_uint, encode_var_uint
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -106,122 +107,22 @@ messages = st.one_of(
 )
 
 
-# -- lib0 encodings --------------------------------------------------------------------------
+# -- lib0 at the protocol boundary (the codec itself: tests/test_codec.py) ---------------------
 
 
-@pytest.mark.parametrize(
-    ("value", "expected"),
-    [
-        (0, b"\x00"),
-        (1, b"\x01"),
-        (127, b"\x7f"),
-        (128, b"\x80\x01"),
-        (300, b"\xac\x02"),
-        (2**14, b"\x80\x80\x01"),
-        (2**32, b"\x80\x80\x80\x80\x10"),
-        (MAX_SAFE_INTEGER, b"\xff\xff\xff\xff\xff\xff\xff\x0f"),
-    ],
-)
-def test_var_uint_golden(value: int, expected: bytes) -> None:
-    assert encode_var_uint(value) == expected
-    assert decode_var_uint(expected) == value
-
-
-@pytest.mark.parametrize(
-    ("value", "expected"),
-    [(0, b"\x00"), (1, b"\x01"), (-1, b"\x41"), (63, b"\x3f"), (64, b"\x80\x01"),
-     (-64, b"\xc0\x01"), (-8192, b"\xc0\x80\x01")],
-)  # fmt: skip
-def test_var_int_golden(value: int, expected: bytes) -> None:
-    enc = Encoder()
-    enc.write_var_int(value)
-    assert enc.to_bytes() == expected
-    dec = Decoder(expected)
-    assert dec.read_var_int() == value
-    dec.end()
-
-
-def test_var_string_prefix_counts_utf8_bytes() -> None:
-    enc = Encoder()
-    enc.write_var_string("é日🙂")  # 3 characters, 2 + 3 + 4 bytes
-    assert enc.to_bytes() == b"\x09" + "é日🙂".encode()
-    assert Decoder(enc.to_bytes()).read_var_string() == "é日🙂"
-
-
-@given(st.lists(st.one_of(var_uints, st.integers(-MAX_SAFE_INTEGER, MAX_SAFE_INTEGER),
-                          blobs, texts), max_size=8))  # fmt: skip
-def test_encoder_decoder_round_trip(values: list[Any]) -> None:
-    enc = Encoder()
-    kinds = []
-    for i, value in enumerate(values):
-        if isinstance(value, bytes):
-            enc.write_var_uint8array(value)
-            kinds.append("bytes")
-        elif isinstance(value, str):
-            enc.write_var_string(value)
-            kinds.append("str")
-        elif value >= 0 and i % 2 == 0:
-            enc.write_var_uint(value)
-            kinds.append("uint")
-        else:
-            enc.write_var_int(value)
-            kinds.append("int")
-    dec = Decoder(enc.to_bytes())
-    readers: dict[str, Any] = {
-        "bytes": dec.read_var_uint8array,
-        "str": dec.read_var_string,
-        "uint": dec.read_var_uint,
-        "int": dec.read_var_int,
-    }
-    assert [readers[k]() for k in kinds] == values
-    dec.end()
-
-
-@pytest.mark.parametrize(
-    ("data", "reader"),
-    [
-        (b"", "read_var_uint"),
-        (b"\x80", "read_var_uint"),  # truncated
-        (b"\x80\x00", "read_var_uint"),  # over-long
-        (b"\xff" * 8 + b"\x7f", "read_var_uint"),  # too long
-        (b"\x80\x80\x80\x80\x80\x80\x80\x10", "read_var_uint"),  # 2**53: not a safe integer
-        (b"", "read_var_int"),
-        (b"\xc0", "read_var_int"),
-        (b"\x80\x00", "read_var_int"),
-        (b"\x40", "read_var_int"),  # negative zero
-        (b"\x05ab", "read_var_uint8array"),  # length past the end
-        (b"\x02\xc3\x28", "read_var_string"),  # invalid UTF-8
-        (b"\x01\xed", "read_var_string"),
-    ],
-)
-def test_decoder_refuses_bad_input(data: bytes, reader: str) -> None:
-    dec = Decoder(data)
-    with pytest.raises(ProtocolError):
-        getattr(dec, reader)()
-    assert dec.pos == 0  # nothing consumed by a failed read
-
-
-def test_decoder_length_limit() -> None:
-    data = b"\x05hello"
-    with pytest.raises(MessageTooLarge) as info:
-        Decoder(data, max_length=4).read_var_uint8array()
-    assert info.value.close_code == CloseCode.MESSAGE_TOO_LARGE
-    assert Decoder(data, max_length=5).read_var_uint8array() == b"hello"
-
-
-@pytest.mark.parametrize("bad", [-1, 2**53, 1.5, True, "1"])
-def test_encoder_refuses_out_of_range(bad: Any) -> None:
-    with pytest.raises(ProtocolError):
-        Encoder().write_var_uint(bad)
-
-
-def test_encoder_refuses_lone_surrogate() -> None:
-    with pytest.raises(ProtocolError):
-        Encoder().write_var_string("\ud800")
+def test_codec_errors_become_protocol_errors() -> None:
     with pytest.raises(ProtocolError):
         encode(PermissionDenied("a\udfffb"))
     with pytest.raises(ProtocolError):
         encode(Request(id=1, op="x", params={"a": "\ud800"}))
+    with pytest.raises(ProtocolError):
+        encode(Update("not bytes"))  # type: ignore[arg-type]
+    with pytest.raises(ProtocolError, match="over-long varUint"):
+        decode(b"\x80\x00")
+    with pytest.raises(ProtocolError, match="twice"):
+        decode_state_vector(b"\x02\x01\x01\x01\x02")
+    with pytest.raises(ProtocolError):
+        decode_awareness_update(b"\x01\x01\x01\x05ab")
 
 
 # -- messages: golden bytes --------------------------------------------------------------------

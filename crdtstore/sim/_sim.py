@@ -40,6 +40,7 @@ from typing import Any
 
 import anyio
 
+from .. import codec
 from .._collections import KeepAllMap
 from .._errors import CrdtStoreError
 from .._record import Record
@@ -172,25 +173,9 @@ def _seed_client_id(rec: Record, client_id: int) -> None:
 
 
 def decode_state_vector(sv: bytes) -> dict[int, int]:
-    """A v1 state vector (``doc.get_state()``) as ``{client id: clock}``."""
-    pos = 0
-
-    def varuint() -> int:
-        nonlocal pos
-        value = shift = 0
-        while True:
-            byte = sv[pos]
-            pos += 1
-            value |= (byte & 0x7F) << shift
-            if byte < 0x80:
-                return value
-            shift += 7
-
-    out = {}
-    for _ in range(varuint()):
-        client = varuint()
-        out[client] = varuint()
-    return out
+    """A v1 state vector (``doc.get_state()``) as ``{client id: clock}``
+    (:func:`crdtstore.codec.decode_state_vector`)."""
+    return codec.decode_state_vector(sv)
 
 
 def agent_state(rec: Record, keep_all: Sequence[str] = ()) -> dict[str, Any]:
