@@ -156,6 +156,8 @@ class Reads:
         page = Page(self.max_result_tokens, 60, self.page_size)
         rest = [k for k in keys if after is None or k > after]
         for key in rest:
+            # the cursor holds the page's last key: room for it is kept (keys are up to 1 KB)
+            page.reserve = tokens_of(encode_cursor("map", key, version))
             value, kv = m.get_versioned(key)
             item: dict[str, Any] = {"key": key, "version": kv or 0}
             _put_value(item, value)
@@ -237,7 +239,9 @@ class Reads:
         last_complete = a.since_version
         more = False
         for seq, group in _by_seq(changes):
-            lines = [c for c in (self._change(ch) for ch in group) if c is not None]
+            # one entry's lines stay together; the first is cut to fit (more_keys, more_ops)
+            room = budget if not out else budget - used
+            lines = [c for c in (self._change(ch, room // max(1, len(group))) for ch in group) if c]
             cost = sum(tokens_of(line) for line in lines)
             if out and used + cost > budget:
                 more = True
@@ -253,7 +257,9 @@ class Reads:
             "next_since": last_complete if more else None,
         }
 
-    def _change(self, ch: Change) -> dict[str, Any] | None:
+    def _change(self, ch: Change, room: int) -> dict[str, Any] | None:
+        """One line of ``store_changes``: at most ``room`` tokens, what does not fit counted
+        in ``more_keys`` / ``more_ops``."""
         view = self.view
         keys = list(ch.keys)
         if view is not None:
@@ -272,14 +278,20 @@ class Reads:
             "agent": ch.agent,
             "source": ch.source,
         }
-        if ch.kind == "map":
-            line["keys"] = keys[:50]
-            if len(keys) > 50:
-                line["more_keys"] = len(keys) - 50
-        else:
-            line["ops"] = [_op_summary(op) for op in ch.ops[:20]]
-            if len(ch.ops) > 20:
-                line["more_ops"] = len(ch.ops) - 20
+        field, more, items = (
+            ("keys", "more_keys", keys) if ch.kind == "map"
+            else ("ops", "more_ops", [_op_summary(op) for op in ch.ops])
+        )  # fmt: skip
+        used = tokens_of(line) + 10
+        shown: list[Any] = []
+        for item in items[:50]:
+            used += tokens_of(item)
+            if shown and used > room:
+                break
+            shown.append(item)
+        line[field] = shown
+        if len(shown) < len(items):
+            line[more] = len(items) - len(shown)
         return line
 
     async def _store_history(self, a: A.StoreHistory) -> dict[str, Any]:

@@ -134,10 +134,12 @@ class Page:
         self.budget = budget
         self.used = overhead
         self.limit = limit
+        self.reserve = 0  # room the page must keep if this item ends it (its cursor)
 
     def add(self, item: Any) -> bool:
         cost = tokens_of(item)
-        if self.items and (self.used + cost > self.budget or len(self.items) >= self.limit):
+        over = self.used + cost + self.reserve > self.budget
+        if self.items and (over or len(self.items) >= self.limit):
             return False
         self.items.append(item)
         self.used += cost
