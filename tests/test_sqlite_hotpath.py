@@ -531,3 +531,24 @@ async def test_opening_fails_on_other_errors_at_once_and_on_busy_past_the_deadli
     with anyio.fail_after(10), pytest.raises(BackendError, match="locked"):
         await SQLiteJournal(f"sqlite:///{tmp_path / 'b.db'}").open()
     assert calls[0] > 1  # retried until the deadline
+
+
+async def test_an_inline_read_is_still_a_checkpoint(tmp_path: Path) -> None:
+    """A task that reads in a loop on the loop connection (claim, sync, claim again) lets the
+    other tasks run: each read yields, as the hop to a worker thread does."""
+    j = await opened(tmp_path)
+    try:
+        await j.append("t", "r", [entry(1)], durable=False)
+        ran = 0
+
+        async def other() -> None:
+            nonlocal ran
+            ran += 1
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(other)
+            for _ in range(3):
+                assert [r.seq for r in await j.read("t", "r", 0, 10_000)] == [1]
+            assert ran == 1  # the reads let the other task run without any other await
+    finally:
+        await j.aclose()

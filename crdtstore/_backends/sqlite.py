@@ -679,10 +679,13 @@ class SQLiteJournal(JournalBackend):
         params = (skip_client, skip_client, rid, after, limit)
         # try the loop connection first, for at most INLINE_ROWS rows: a read asking for many
         # (a sync, a catch-up) usually finds few, and a worker thread costs ~100-200 us
-        await anyio.lowlevel.checkpoint_if_cancelled()
         raw = self._read_inline(sql, (*params[:-1], min(limit, INLINE_ROWS)))
         if raw is None or (len(raw) == INLINE_ROWS and limit > INLINE_ROWS):
             raw = await self._read(lambda db: db.execute(sql, params).fetchall())
+        else:
+            # still a checkpoint: a task that reads in a loop (claim, sync, claim again) must
+            # let the others run, as the hop to a thread does
+            await anyio.lowlevel.checkpoint()
         return self._rows(raw)
 
     async def head(self, tenant: str, run: str) -> int:
