@@ -571,3 +571,12 @@ async def test_a_lent_lease_fences_the_tools_and_stays_the_lenders(store: crdtst
         ts2.fence_with(lease)
         assert code(await ts2.call("store_put", {**put, "value": 2})) == "LEASE_LOST"
         assert rec.map("files").get("src/owned.py") == 1
+
+
+async def test_a_lease_the_agent_holds_is_refused_at_once(pair: tuple[Toolset, Toolset]) -> None:
+    t1, _ = pair
+    got = await t1.call("lease_acquire", {"resources": ["a.txt", "b.txt"], "ttl": 10})
+    again = await t1.call(
+        "lease_acquire", {"resources": ["./b.txt"], "ttl": 10, "wait_seconds": 30}
+    )  # would wait for itself for 30 s
+    assert code(again) == "LEASE_HELD" and again["error"]["lease_id"] == got["lease_id"]

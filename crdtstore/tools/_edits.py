@@ -19,7 +19,9 @@ def occurrences(text: str, find: str) -> list[int]:
 
 def plan_edits(text: str, edits: list[A.FindReplace | A.Splice], version: int) -> str:
     """The text after ``edits``, applied in order; refuses (EDIT_REFUSED) the whole call if
-    one ``find`` is absent or ambiguous, or a splice is out of range."""
+    one ``find`` is absent or ambiguous, or a splice is out of range. The refusal names the
+    edit and the text as it is now (``current``: version and length, before any edit)."""
+    current = {"version": version, "length": len(text)}
     for n, edit in enumerate(edits):
         if isinstance(edit, A.FindReplace):
             found = occurrences(text, edit.find)
@@ -30,7 +32,7 @@ def plan_edits(text: str, edits: list[A.FindReplace | A.Splice], version: int) -
                     f"edit {n}: `find` text "
                     + ("does not occur" if not found else "occurs more than once")
                     + " in the text; re-read it and make `find` unique",
-                    reason=reason, edit=n, current={"version": version, "length": len(text)},
+                    reason=reason, edit=n, current=current,
                 )  # fmt: skip
             at = found[0]
             text = text[:at] + edit.replace + text[at + len(edit.find) :]
@@ -39,9 +41,8 @@ def plan_edits(text: str, edits: list[A.FindReplace | A.Splice], version: int) -
                 raise ToolFailure(
                     "EDIT_REFUSED",
                     f"edit {n}: {edit.delete} characters at {edit.at} pass the end of the text"
-                    f" ({len(text)} characters)",
-                    reason="out_of_range", edit=n,
-                    current={"version": version, "length": len(text)},
+                    f" ({len(text)} characters after the edits before it)",
+                    reason="out_of_range", edit=n, current=current,
                 )  # fmt: skip
             text = text[: edit.at] + edit.insert + text[edit.at + edit.delete :]
     return text

@@ -29,7 +29,7 @@ from .._errors import (
     StoreClosed,
 )
 from .._journal import SOURCES
-from .._leases import canonical_resource, item_resource
+from .._leases import canonical_resource, canonical_resources, item_resource
 from .._models import Version
 from .._view import View
 from . import _args as A
@@ -353,6 +353,15 @@ class Toolset(Reads):
         return {"ok": True, "collection": a.collection, "item": a.item, "state": "released"}
 
     async def _lease_acquire(self, a: A.LeaseAcquire) -> dict[str, Any]:
+        wanted = set(canonical_resources(a.resources))
+        for lid, mine in self._leases.items():
+            if wanted.intersection(mine.resources):  # waiting for itself would time out
+                raise ToolFailure(
+                    "LEASE_HELD",
+                    f"this agent holds {sorted(wanted.intersection(mine.resources))} already"
+                    f" (lease {lid}): release it first, or use it",
+                    holder=self.record.agent, lease_id=lid, resources=list(mine.resources),
+                )  # fmt: skip
         lease = self._store.lease(
             a.resources, ttl=a.ttl, owner=self.record.agent, wait=a.wait_seconds > 0,
             timeout=a.wait_seconds if a.wait_seconds > 0 else None,
