@@ -13,10 +13,6 @@ Quick use::
 Synchronous callers use :mod:`crdtstore.blocking`.
 """
 
-from ._collections import KeepAllMap as KeepAllMap
-from ._collections import ListCollection as ListCollection
-from ._collections import MapCollection as MapCollection
-from ._collections import TextCollection as TextCollection
 from ._errors import BackendError as BackendError
 from ._errors import BudgetExceeded as BudgetExceeded
 from ._errors import CollectionKindMismatch as CollectionKindMismatch
@@ -54,17 +50,21 @@ from ._models import HistoryEntry as HistoryEntry
 from ._models import Provenance as Provenance
 from ._models import Sibling as Sibling
 from ._models import Version as Version
-from ._record import Claim as Claim
-from ._record import Record as Record
 from ._semantics import CollectionSpec as CollectionSpec
 from ._semantics import check_effect as check_effect
 from ._store import CompactionResult as CompactionResult
 from ._store import Store as Store
 from ._store import open_store as open_store
-from ._view import ScopedMap as ScopedMap
-from ._view import View as View
+from .record._collections import ListCollection as ListCollection
+from .record._collections import TextCollection as TextCollection
+from .record._guarded import Claim as Claim
+from .record._maps import KeepAllMap as KeepAllMap
+from .record._maps import MapCollection as MapCollection
+from .record._record import Record as Record
 from .record._replay import tree_merge as tree_merge
 from .record._replica import Replica as Replica
+from .record._view import ScopedMap as ScopedMap
+from .record._view import View as View
 
 __version__ = "0.1.0.dev0"
 

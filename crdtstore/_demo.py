@@ -42,8 +42,8 @@ import anyio
 import anyio.to_thread
 
 from ._journal import Durability
-from ._record import Record
 from ._store import Store, open_store
+from .record._record import Record
 
 FINDINGS = "findings"
 STATUS = "status"

@@ -36,11 +36,12 @@ from ._leases import Lease, Leases, lease_backend_for
 from ._models import HistoryEntry
 from ._names import check_key, check_name
 from ._notify import Notifier
-from ._record import READ_CHUNK, Record
 from ._semantics import CollectionSpec
 from .record._document import DEFAULT_MAX_UPDATE
+from .record._record import Record
 from .record._replay import BulkLoad
 from .record._replica import Replica
+from .record._state import READ_CHUNK
 
 log = logging.getLogger("crdtstore.store")
 

@@ -23,9 +23,9 @@ from typing import Any, TypeVar
 
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
-from ._record import Record
 from ._store import Store
 from ._store import open_store as _open_store
+from .record._record import Record
 
 __all__ = ["BlockingRecord", "BlockingStore", "open_store"]
 

@@ -1,5 +1,54 @@
-"""The record as a package by capability (issue 15): see the modules' docstrings."""
+"""The record, as a package by capability: one module per concept.
 
+A :class:`Record` is a run's document opened as one writer; a :class:`Replica` is a document
+with crdtstore's bookkeeping and no I/O. Each is a stack of base classes, one module each; a
+module imports only modules below it in this drawing (and crdtstore's lower layers:
+``_journal``, ``_semantics``, ``_models``, ``_values``, ``_names``, ``_errors``, ``_v1``)::
+
+    _record         Record: lifecycle, declarations, collection handles, reads
+      _foreign        foreign writes: apply_update, a ws:// client's appends (the hub's)
+      _guarded        guarded, fenced, claimed writes; Claim
+      _pipeline       the write pipeline: _stage -> _enqueue; transaction(), attributed()
+      _journal_link   loading, the committer and the tail; flush(), sync()
+      _changes        change streams and versions
+      _policies       write policies and budgets
+      _state          every attribute of a record, set in one place
+    _view           View: the slice of a record a step sees, and its handles
+    _maps, _collections   handles; they use the record only through CollectionHost
+    _replica        Replica
+      _external       foreign updates and their effect (with _effects)
+      _replay         journal entries applied one by one; BulkLoad, tree_merge (snapshots)
+      _document       the Doc, the registry, local transactions (the pycrdt fast path)
+      _provenance     Meta and the provenance index
+    _textdiff       text_diff, apply_text_edits (pure)
+
+Base classes, not components: a record's state stays one object, so the hot path reads it
+without indirection, and sync's ``_HubRecord`` subclass keeps working until it moves to
+named extension points.
+"""
+
+from ._changes import ChangeStream as ChangeStream
+from ._collections import CollectionHost as CollectionHost
+from ._collections import ListCollection as ListCollection
+from ._collections import TextCollection as TextCollection
+from ._guarded import Claim as Claim
+from ._maps import KeepAllMap as KeepAllMap
+from ._maps import MapCollection as MapCollection
+from ._record import Record as Record
 from ._replay import BulkLoad as BulkLoad
 from ._replay import tree_merge as tree_merge
 from ._replica import Replica as Replica
+
+__all__ = [
+    "BulkLoad",
+    "ChangeStream",
+    "Claim",
+    "CollectionHost",
+    "KeepAllMap",
+    "ListCollection",
+    "MapCollection",
+    "Record",
+    "Replica",
+    "TextCollection",
+    "tree_merge",
+]

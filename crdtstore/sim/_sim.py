@@ -41,12 +41,12 @@ from typing import Any
 import anyio
 
 from .. import codec
-from .._collections import KeepAllMap
 from .._errors import CrdtStoreError
-from .._record import Record
 from .._semantics import CollectionSpec
 from .._store import Store, open_store
 from ..record._document import REGISTRY
+from ..record._maps import KeepAllMap
+from ..record._record import Record
 from ..record._replay import tree_merge
 from ._check import SEP, Violation, WriteRec, check_state, lww_frontier
 from ._network import Event, Message, Network, NetworkConfig

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .._record import Record
+from ..record._record import Record
 from ..record._replica import Replica
 from ._check import SEP, WriteRec, lww_frontier
 from ._sim import SimResult

@@ -1,0 +1,303 @@
+"""The link to the journal: loading, the committer and the tail.
+
+A record opens by applying its run's snapshot and journal (:meth:`JournalLink._load`), then
+two background tasks keep it in step:
+
+- the *committer* appends local entries to the journal in the order they were made (group
+  commit: whatever accumulated while the previous append ran goes in the next one), and marks
+  them committed (their journal positions become the keys' provenance);
+- the *tail* applies entries other writers appended, in journal order, woken by the store's
+  notifier (and by a slow poll, in case a wake-up was lost).
+
+``flush`` waits for the committer; ``sync`` does the tail's work now.
+"""
+
+from __future__ import annotations
+
+import logging
+from builtins import list as _List
+from typing import Any
+
+import anyio
+
+from .._errors import BackendError, CrdtStoreError, JournalCorrupt, RunClosed, StoreClosed
+from .._heap import release_free_memory
+from .._journal import JournalEntry, NewEntry, Op, checksum
+from ._changes import Changes
+from ._provenance import Meta
+from ._state import READ_CHUNK
+
+log = logging.getLogger("crdtstore.record")
+
+# Opening reads the journal in smaller chunks: each chunk's decoded effects are garbage once
+# applied, and 10,000 rows of them scattered the keys the index keeps over half-empty memory
+# pools (100k keys resumed: 70 MiB RSS with 10,000-row chunks, 54 MiB with 1,000; same time).
+LOAD_CHUNK = 1_000
+
+_tuple_new = tuple.__new__
+
+
+class JournalLink(Changes):
+    """The journal side of a record (see the module docstring)."""
+
+    async def _load(self) -> None:
+        snap = await self._backend.load_snapshot(self.tenant, self._jrun)
+        if snap is not None:
+            self.replica.apply_update(
+                snap.update, trial_decode=False, size_limit=False
+            )  # our own snapshot
+            self.replica.import_state(snap.state)
+            self.applied_seq = snap.seq
+            del snap  # (its update and state: freed before the pages are given back)
+            release_free_memory()
+        # Entry by entry (apply_rows), not BulkLoad: a bulk load holds every pending key's
+        # writes until it resolves them, which costs resident memory that stays with the
+        # record (100k keys: 2.4x a raw doc instead of 1.9x, bench/memory.py).
+        while True:
+            rows = await self._backend.read(self.tenant, self._jrun, self.applied_seq, LOAD_CHUNK)
+            if not rows:
+                break
+            self.replica.apply_rows(rows, self._jrun)
+            self.applied_seq = rows[-1].seq
+        # A skipped entry at the end of the journal is a torn tail: nothing depends on it. One
+        # in the middle may be the left origin of later items, which yrs then keeps pending,
+        # invisible: refuse to open with a silently partial record, unless asked to salvage.
+        buried = [e for e in self.replica.skipped if e.seq < self.applied_seq]
+        if buried and not self._salvage:
+            raise JournalCorrupt(
+                self._jrun,
+                buried[0].seq,
+                f"{len(buried)} damaged entr{'y' if len(buried) == 1 else 'ies'} followed by"
+                " entries that may depend on them; open_record(..., salvage=True) opens what"
+                " can be read",
+            )
+
+    async def _wait_committed(self, target: int) -> None:
+        while self._committed < target:
+            if self._failure is not None:
+                raise self._failure
+            if self._state == "closed":
+                raise StoreClosed("record")
+            await self._commit_wait()
+        if self._failure is not None and self._committed < target:
+            raise self._failure
+
+    async def flush(self) -> None:
+        """Return once everything written through this record so far is in the journal.
+
+        Raises:
+            BackendError: the journal could not be written (the writes stay in the local
+                document and are retried by the next flush).
+        """
+        if self._state == "new":
+            raise StoreClosed("record")
+        await self._wait_committed(self._written)
+
+    async def _committer(self) -> None:
+        backoff = 0.01
+        while True:
+            if not self._pending:
+                self._pending_event = anyio.Event()
+                self._committer_idle = True
+                try:
+                    await self._pending_event.wait()
+                finally:
+                    self._committer_idle = False
+                continue
+            async with self._commit_lock:
+                batch = list(self._pending)
+                if not batch:
+                    continue
+                try:
+                    seqs = await self._backend.append(
+                        self.tenant,
+                        self._jrun,
+                        self._entries(batch),
+                        durable=self.durability == "durable",
+                    )
+                except RunClosed as exc:
+                    # final: the entries stay in the document, never in the journal
+                    log.error(
+                        "run %s/%s is %s: writes are refused", self.tenant, self.run, exc.state
+                    )
+                    self._failure = exc
+                    self._fire_commit()
+                    await anyio.sleep_forever()
+                except CrdtStoreError as exc:
+                    # Keep the entries queued and retry: a locked or full disk may recover.
+                    # Writers waiting for durability learn of the failure now.
+                    log.warning("journal append failed (%s); retrying in %.2fs", exc, backoff)
+                    self._failure = (
+                        exc
+                        if isinstance(exc, BackendError)
+                        else BackendError(self._backend.name, str(exc))
+                    )
+                    self._fire_commit()
+                    await anyio.sleep(backoff)
+                    backoff = min(backoff * 2, 2.0)
+                    continue
+                backoff = 0.01
+                self._failure = None
+                self._mark_committed(batch, seqs)
+                del batch, seqs  # do not hold the last batch while idle
+
+    def _entries(self, batch: _List[tuple[bytes, _List[Op], Meta]]) -> _List[NewEntry]:
+        cid, new, crc = self.replica.client_id, _tuple_new, checksum
+        fast = self._fast
+        if fast:  # entries of other writers queued by _append_fast carry their client id
+            out = []
+            for u, ops, meta in batch:
+                hit = fast.get(id(meta))
+                agent, source, wall, _, run, call = meta
+                label = cid if hit is None else hit[2]
+                out.append(new(NewEntry, (agent, source, label, wall, u, ops, crc(u), run, call)))
+            return out
+        return [
+            new(NewEntry, (agent, source, cid, wall, u, ops, crc(u), run, call))
+            for u, ops, (agent, source, wall, _, run, call) in batch
+        ]
+
+    def _mark_committed(
+        self, batch: _List[tuple[bytes, _List[Op], Meta]], seqs: _List[int]
+    ) -> None:
+        pending = self._pending
+        if len(pending) == len(batch):  # the usual case: nothing was written meanwhile
+            pending.clear()
+        else:
+            for _ in batch:
+                pending.popleft()
+        self.replica.journaled_many(batch, seqs)
+        if seqs and seqs[0] == self.applied_seq + 1 and seqs[-1] == seqs[0] + len(seqs) - 1:
+            # nothing of another writer's lies before them: the tail, woken by the notify
+            # below, need not read the journal for them (it skips its own entries anyway)
+            self.applied_seq = seqs[-1]
+        if self._fast:
+            self._fast_committed(batch, seqs)
+        self._committed += len(batch)
+        self._fire_commit()
+        last = seqs[-1] if seqs else None
+        own = self._watch if last is not None and last == self.applied_seq else None
+        self._store._notifier.notify(self.tenant, self._jrun, last, own=own)
+        if seqs:  # automatic compaction (Store.auto_compact) once the journal has grown
+            self._store._after_commit(self._jrun, seqs[-1])
+
+    def _fast_committed(
+        self, batch: _List[tuple[bytes, _List[Op], Meta]], seqs: _List[int]
+    ) -> None:
+        """Give the appends of :meth:`_append_fast` waiting on ``batch`` their positions. The
+        tail reads those entries as another writer's (their client id is not this
+        replica's): unless ``applied_seq`` passed them, they are marked applied already."""
+        fast, applied = self._fast, self.applied_seq
+        for (_, _, meta), seq in zip(batch, seqs, strict=True):
+            hit = fast.pop(id(meta), None)
+            if hit is not None:
+                wait, index, _ = hit
+                wait.seqs[index] = seq
+                wait.left -= 1
+                if seq > applied:
+                    self._applied_foreign.add(seq)
+
+    async def _commit_wait(self) -> None:
+        """Wait for the next :meth:`_fire_commit`."""
+        self._commit_waiters += 1
+        try:
+            await self._commit_event.wait()
+        finally:
+            self._commit_waiters -= 1
+
+    def _fire_commit(self) -> None:
+        if self._commit_waiters:  # (a new anyio Event costs ~10 us: only when one waits)
+            old, self._commit_event = self._commit_event, anyio.Event()
+            old.set()
+
+    async def _tail(self) -> None:
+        assert self._watch is not None
+        watch = self._watch
+        # Small chunks: the SQLite backend reads up to 256 rows on the event loop thread
+        # (no worker-thread hop); a backlog is taken in chunks, yielding between them.
+        chunk = 256
+        # Woken by this process's commits, other processes' datagrams and the store's poll
+        # (Notifier.poll: when the run's head moved unannounced, a lost datagram).
+        while True:
+            event = watch.event  # take it before reading: no wake-up can fall between
+            blind = watch.blind
+            try:
+                rows = await self._backend.read(
+                    self.tenant,
+                    self._jrun,
+                    self.applied_seq,
+                    chunk,
+                    skip_client=self.replica.client_id,
+                )
+            except CrdtStoreError as exc:  # a busy or vanished database: try again later
+                log.warning("reading the journal of %s/%s failed: %s", self.tenant, self.run, exc)
+                # (the poll may not wake this record again: its change was seen already)
+                await anyio.sleep(self._store.poll_interval)
+                continue
+            if rows:
+                await self._apply_remote(rows)
+                if len(rows) == chunk:
+                    await anyio.lowlevel.checkpoint()
+                    continue
+            del rows  # do not hold the last chunk while idle
+            while True:
+                await event.wait()
+                if watch.blind != blind or watch.head > self.applied_seq:
+                    break
+                # it announced entries this record has already taken in: keep waiting
+                event = watch.event
+
+    async def _apply_remote(self, rows: _List[Any]) -> None:
+        while self._txn_task is not None:  # never mix a remote update into a local txn
+            await self._txn_idle.wait()
+        # the tail and a guarded write may both have read the same entries
+        rows = [r for r in rows if r.seq > self.applied_seq]
+        if not rows:
+            return
+        if rows[0].seq > self.applied_seq + 1:
+            # the entries we missed were compacted away; the snapshot holds them
+            snap = await self._backend.load_snapshot(self.tenant, self._jrun)
+            if snap is not None:
+                self.replica.apply_update(
+                    snap.update, trial_decode=False, size_limit=False
+                )  # our own snapshot
+                # it may change any collection: budgets (and the key existence that policies
+                # read from a budgeted map's sizes) and sibling groups are recomputed
+                self._invalidate_all()
+        own = self.replica.client_id
+        foreign = [r for r in rows if r.client_id != own]
+        if self._applied_foreign:
+            foreign = [r for r in foreign if r.seq not in self._applied_foreign]
+            self._applied_foreign = {s for s in self._applied_foreign if s > rows[-1].seq}
+        if foreign:
+            self.replica.apply_rows(foreign, self._jrun)
+            if self._usage or self._stamps:
+                for r in foreign:
+                    for op in r.effect:
+                        self._usage.pop(op[1], None)
+                        self._stamps[op[1]] = self._stamps.get(op[1], 0) + 1
+                    if not r.effect:  # raw bytes: anything may have changed
+                        self._invalidate_all()
+        self.applied_seq = max(self.applied_seq, rows[-1].seq)
+        if self._subscribers:
+            for r in foreign:
+                self._emit(r.effect, r.agent, r.source, r.seq, local=False)
+
+    async def sync(self) -> int:
+        """Apply every entry the journal holds now; return the journal position reached.
+
+        Useful before a decision that must see the latest writes of other processes (the
+        tail does this in the background within milliseconds anyway).
+        """
+        self._check_open()
+        while True:
+            rows = await self._backend.read(self.tenant, self._jrun, self.applied_seq, READ_CHUNK)
+            if not rows:
+                return self.applied_seq
+            await self._apply_remote(rows)
+
+    async def journal(self, after: int = 0, limit: int = 1000) -> _List[JournalEntry]:
+        """Journal entries of this run after position ``after``."""
+        self._check_open()
+        rows = await self._backend.read(self.tenant, self._jrun, after, limit)
+        return [JournalEntry.from_row(self._jrun, r) for r in rows]

@@ -1,0 +1,372 @@
+"""Map collections: last writer wins per key (:class:`MapCollection`), or every concurrent
+value kept as a sibling until a later write resolves them (:class:`KeepAllMap`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
+
+from .._errors import InvalidValue
+from .._journal import Op
+from .._models import Conflict, Sibling, Version
+from .._names import MAX_KEY_LENGTH, check_key
+from .._semantics import validate_value
+from .._values import to_stored
+from ._collections import _MISSING, _Collection
+from ._document import ReplicaDocument
+
+if TYPE_CHECKING:
+    from .._leases import Lease
+    from .._models import HistoryEntry, Provenance
+
+
+class MapCollection(_Collection):
+    """A map of string keys to JSON-like values (last writer wins per key)."""
+
+    kind = "map"
+
+    # -- reads --
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The value at ``key``, or ``default``."""
+        value = self._root.get(key, _MISSING)
+        return default if value is _MISSING else self._out(value)
+
+    def __getitem__(self, key: str) -> Any:
+        value = self._root.get(key, _MISSING)
+        if value is _MISSING:
+            raise KeyError(key)
+        return self._out(value)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._root
+
+    def __len__(self) -> int:
+        return len(self._root)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._root.keys()))
+
+    def keys(self) -> list[str]:
+        return list(self._root.keys())
+
+    def values(self) -> list[Any]:
+        return [self._out(v) for v in self._root.values()]
+
+    def items(self) -> list[tuple[str, Any]]:
+        return [(k, self._out(v)) for k, v in self._root.items()]
+
+    def current_version(self) -> Version:
+        """This collection's version now (see :meth:`Record.current_version`)."""
+        return self._rec.current_version(self.name)
+
+    def get_versioned(self, key: str) -> tuple[Any, int | None]:
+        """``(value, version)`` of ``key``: the version is the journal position of the write
+        that made the current value, 0 if it was never written, None while that write is not
+        yet journaled (flush first). Pass it as ``expected_version`` to a guarded write."""
+        return self.get(key), self._rec.version(self.name, key)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.items())
+
+    def provenance(self, key: str) -> Provenance | None:
+        """Agent, source kind, time and journal position of the current value at ``key``."""
+        return self._rec.provenance(self.name, key)
+
+    async def history(self, key: str) -> list[HistoryEntry]:
+        """Every journaled write to ``key``, overwritten ones included, oldest first."""
+        return await self._rec.history(self.name, key)
+
+    # -- writes --
+
+    async def set(
+        self,
+        key: str,
+        value: Any,
+        *,
+        expected_version: int | None = None,
+        based_on: Version | None = None,
+        lease: Lease | None = None,
+        resource: str | None = None,
+    ) -> None:
+        """Set ``key`` to ``value``.
+
+        Args:
+            expected_version: make it a guarded write: it succeeds only if ``key`` is still at
+                this version (see :meth:`get_versioned`; 0 = never written) at the store's
+                authority, and returns once journaled.
+            based_on: a :class:`Version` of the record or a collection that this write was
+                decided on (``rec.current_version(...)``): refused with ``StaleVersion`` if
+                that scope has changed since, checked at the store's authority.
+            lease: a fenced write: checked in the same transaction as the write that the
+                lease is still granted, covers ``resource`` (default: ``key`` as a repo path,
+                else ``item:<collection>/<key>``) and holds the newest token.
+
+        Raises:
+            InvalidName: ``key`` is not a non-empty string of at most 1024 characters.
+            InvalidValue: ``value`` is not JSON-like (see ``crdtstore._values``).
+            SchemaInvalid: ``value`` fails the collection's model.
+            PolicyViolation: the collection's write policy refuses it.
+            BudgetExceeded: it would take the collection past a budget.
+            StaleVersion: (guarded) the version moved; carries the current version and value.
+            LeaseLost: (fenced) the lease is gone, superseded or does not cover the key.
+        """
+        if (
+            type(key) is not str
+            or not key
+            or len(key) > MAX_KEY_LENGTH
+            or "\x00" in key
+            or not key.isascii()
+        ):
+            check_key(key)  # (what it checks, inlined for a usual key: the hot path)
+        rec = self._rec
+        name = self.name
+        # (what _in does, inlined)
+        model = self._model or rec._models.get(name)
+        if model is not None:
+            value = validate_value(None, model, name, key, value)
+        stored = to_stored(value)
+        op: Op = ["map", name, "set", key, stored]
+        if expected_version is None and based_on is None and lease is None:
+            # the hot path: no second coroutine, no apply callable (Replica.local_set)
+            wait = rec._stage([op], None, self._root)
+            if wait is not None:
+                await wait
+        else:
+            apply = partial(self._root.__setitem__, key, stored)  # no Python frame of its own
+            ops: list[Op] = [op]
+            await self._rec._write_guarded(
+                self.name,
+                key,
+                expected_version,
+                ops,
+                apply,
+                lambda: self.get(key),
+                based_on,
+                self._fence(key, lease, resource),
+            )
+
+    def _fence(
+        self, key: str, lease: Lease | None, resource: str | None
+    ) -> tuple[Lease, str] | None:
+        if lease is None:
+            return None
+        if resource is None:
+            return lease, self._rec.fenced_resource(self.name, key, lease)
+        from .._leases import canonical_resource
+
+        return lease, canonical_resource(resource)
+
+    async def update(self, values: Mapping[str, Any]) -> None:
+        """Set several keys in one transaction (one journal entry)."""
+        items = [(check_key(k), self._in(k, v)) for k, v in dict(values).items()]
+        if not items:
+            return
+        name = self.name
+        apply = partial(ReplicaDocument.set_items, self._root, items)
+        await self._write([["map", name, "set", k, v] for k, v in items], apply)
+
+    async def delete(
+        self,
+        key: str,
+        *,
+        expected_version: int | None = None,
+        based_on: Version | None = None,
+        lease: Lease | None = None,
+        resource: str | None = None,
+    ) -> bool:
+        """Delete ``key``; return whether it was there (nothing is journaled if not).
+
+        Raises as :meth:`set` (``expected_version``, ``based_on`` or ``lease`` make it a
+        guarded delete).
+        """
+        check_key(key)
+        root = self._root
+
+        def apply() -> None:
+            if key in root:
+                del root[key]
+
+        ops: list[Op] = [["map", self.name, "del", key]]
+        if expected_version is not None or based_on is not None or lease is not None:
+            await self._rec._write_guarded(
+                self.name,
+                key,
+                expected_version,
+                ops,
+                apply,
+                lambda: self.get(key),
+                based_on,
+                self._fence(key, lease, resource),
+            )
+            return True
+        if key not in root:
+            return False
+        await self._write(ops, apply)
+        return True
+
+
+SEP = "\x1f"  # between a keep_all key and its sibling token (refused in user keys)
+
+
+class KeepAllMap(MapCollection):
+    """A map whose keys are multi-value registers (the ``keep_all`` conflict policy).
+
+    Each write of key ``k`` stores its value under its own physical key ``k<US>token`` (flat
+    composite keys on the root map: no nested shared types, which would lose each other
+    when created concurrently) and deletes the siblings it has seen. Concurrent writes never
+    see each other, so both survive; a later write sees both and resolves them.
+    """
+
+    def _groups(self) -> dict[str, dict[str, Any]]:
+        stamp = self._rec._stamp(self.name)
+        if self._cache is None or self._cache[0] != stamp:
+            groups: dict[str, dict[str, Any]] = {}
+            for pkey, entry in self._root.items():
+                key, sep, _ = pkey.rpartition(SEP)
+                if sep and isinstance(entry, dict):
+                    groups.setdefault(key, {})[pkey] = entry
+            self._cache = (stamp, groups)
+        return self._cache[1]
+
+    def _sibling(self, pkey: str, entry: dict[str, Any]) -> Sibling:
+        return Sibling(
+            value=self._out(entry.get("v")),
+            agent=str(entry.get("a")),
+            source=str(entry.get("s")),
+            wall_time=float(entry.get("t", 0)),
+            token=pkey.rpartition(SEP)[2],
+        )
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The value, a :class:`Conflict` when siblings are unresolved, or ``default``."""
+        group = self._groups().get(key)
+        if not group:
+            return default
+        if len(group) == 1:
+            ((_, entry),) = group.items()
+            return self._out(entry.get("v"))
+        sibs = sorted(
+            (self._sibling(p, e) for p, e in group.items()), key=lambda s: (s.wall_time, s.token)
+        )
+        return Conflict(key=key, siblings=tuple(sibs))
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self._groups():
+            raise KeyError(key)
+        return self.get(key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._groups()
+
+    def __len__(self) -> int:
+        return len(self._groups())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._groups()))
+
+    def keys(self) -> list[str]:
+        return list(self._groups())
+
+    def values(self) -> list[Any]:
+        return [self.get(k) for k in self._groups()]
+
+    def items(self) -> list[tuple[str, Any]]:
+        return [(k, self.get(k)) for k in self._groups()]
+
+    def siblings(self, key: str) -> list[Sibling]:
+        """Every current sibling of ``key`` (one when resolved, none when absent)."""
+        group = self._groups().get(key, {})
+        return sorted(
+            (self._sibling(p, e) for p, e in group.items()), key=lambda s: (s.wall_time, s.token)
+        )
+
+    def provenance(self, key: str) -> Provenance | None:
+        meta = None
+        for pkey in self._groups().get(key, {}):
+            meta = self._rec.provenance(self.name, pkey) or meta
+        return meta
+
+    async def set(
+        self,
+        key: str,
+        value: Any,
+        *,
+        expected_version: int | None = None,
+        based_on: Version | None = None,
+        lease: Lease | None = None,
+        resource: str | None = None,
+    ) -> None:
+        """Write ``key``, resolving every sibling this replica has seen.
+
+        Raises as :meth:`MapCollection.set`; ``expected_version`` is not supported here.
+        """
+        if expected_version is not None or based_on is not None or lease is not None:
+            raise InvalidValue("guarded writes are not available on keep_all collections")
+        check_key(key)
+        if SEP in key:
+            raise InvalidValue("keys of keep_all collections must not contain \\x1f")
+        stored = self._in(key, value)
+        rec = self._rec
+        pkey = f"{key}{SEP}{rec._next_token()}"
+        entry = {"v": stored, "a": rec.agent, "s": rec.source, "t": time.time()}
+        seen = list(self._groups().get(key, {}))
+        root = self._root
+
+        def apply() -> None:
+            for old in seen:
+                del root[old]
+            root[pkey] = entry
+
+        ops: list[Op] = [["map", self.name, "del", old] for old in seen]
+        ops.append(["map", self.name, "set", pkey, entry])
+        await self._write(ops, apply)
+
+    async def resolve(self, key: str, value: Any) -> None:
+        """Resolve the siblings of ``key`` to ``value`` (a write that has seen them all)."""
+        await self.set(key, value)
+
+    async def delete(
+        self,
+        key: str,
+        *,
+        expected_version: int | None = None,
+        based_on: Version | None = None,
+        lease: Lease | None = None,
+        resource: str | None = None,
+    ) -> bool:
+        """Delete every sibling of ``key`` this replica has seen; return whether any."""
+        if expected_version is not None or based_on is not None or lease is not None:
+            raise InvalidValue("guarded writes are not available on keep_all collections")
+        check_key(key)
+        seen = list(self._groups().get(key, {}))
+        if not seen:
+            return False
+        root = self._root
+
+        def apply() -> None:
+            for old in seen:
+                del root[old]
+
+        await self._write([["map", self.name, "del", old] for old in seen], apply)
+        return True
+
+    async def update(self, values: Mapping[str, Any]) -> None:
+        for k, v in dict(values).items():
+            await self.set(k, v)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k in self._groups():
+            v = self.get(k)
+            out[k] = v.to_json() if isinstance(v, Conflict) else _jsonable(v)
+        return out
+
+
+def _jsonable(v: Any) -> Any:
+    return v.model_dump(mode="json") if isinstance(v, BaseModel) else v
