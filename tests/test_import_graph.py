@@ -17,10 +17,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("crdtstore", "sync")
 
 # Being removed by the split of sync/ (issue 15, section 2): the hub and its journal ops
-# import each other, and crdtstore/cli.py loads sync's commands by name. Delete an entry
-# once it is gone; add none.
+# import each other. Delete it once it is gone; add none.
 KNOWN_CYCLES = [frozenset({"sync._hub", "sync._ops_journal"})]
-KNOWN_CRDTSTORE_TO_SYNC = {("crdtstore.cli", "sync._cli")}
 
 
 def _module_name(path: Path) -> str:
@@ -172,7 +170,7 @@ def test_crdtstore_never_imports_sync() -> None:
         for target in targets
         if target.split(".")[0] == "sync"
     }
-    assert sorted(bad - KNOWN_CRDTSTORE_TO_SYNC) == []
+    assert sorted(bad) == []
 
 
 def test_record_modules_stay_small() -> None:
