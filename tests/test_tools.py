@@ -363,6 +363,8 @@ async def test_claim_contest_and_completion(pair: tuple[Toolset, Toolset]) -> No
     assert done["state"] == "done"
     after = await t2.call("store_claim", {"collection": "tasks", "item": "t1", "ttl": 10})
     assert code(after) == "LEASE_HELD"  # done: nobody claims it again
+    assert after["error"]["state"] == "done" and after["error"]["result"] == {"ok": True}
+    assert "is done" in after["error"]["message"]
     claim = await t2.call("store_get", {"collection": "claims", "key": "tasks/t1"})
     assert claim["value"]["state"] == "done" and claim["value"]["result"] == {"ok": True}
 

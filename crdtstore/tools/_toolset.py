@@ -319,7 +319,14 @@ class Toolset(Reads):
             try:
                 held = await self.record.claim(a.collection, a.item, ttl=a.ttl)
             except LeaseHeld as exc:
-                raise await self._held(exc, [resource]) from None
+                refusal = await self._held(exc, [resource])
+                prior = self.record.map("claims").get(f"{a.collection}/{a.item}")
+                if isinstance(prior, dict) and prior.get("state") == "done":
+                    refusal.error.update(
+                        message=f"{a.collection}/{a.item} is done (by {prior.get('claimer')!r})",
+                        state="done", result=prior.get("result"),
+                    )  # fmt: skip
+                raise refusal from None
             self._claims[(a.collection, a.item)] = held
         await self.record.flush()
         return {
