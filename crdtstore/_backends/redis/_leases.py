@@ -1,0 +1,263 @@
+"""The lease backend of ``redis://`` stores: the lease table of each tenant in its keys, every
+transition one Lua script (``lua/lease.lua``: reap, change, grant rule, in one atomic step).
+
+Deadlines are measured on the **Redis server's clock** (``TIME`` inside the script), so
+processes on machines whose clocks disagree share one notion of expiry; a jump of the server's
+wall clock shortens or lengthens the running TTLs by as much. The tests pass a clock
+(``RedisLeases(journal, clock=FakeClock())``) whose readings the scripts then use instead.
+
+**Dead holders.** A holder's process can only be probed from its own machine: ``reap()`` reads
+the granted requests, asks the process probe (``/proc``) about the ones that ran on this
+host in this boot, and removes those that are provably dead (the script checks that they are
+still the same grant). A holder on another machine that dies is reaped by its TTL only.
+
+**Wake-ups.** A transition that grants someone else's request appends to the tenant's wake-up
+stream; the store's stream read (its tail) wakes this process's waiters on it, as the SQLite
+store's datagrams do.
+
+``reap()`` reaps the tenants this backend has served (every transition reaps its own tenant's
+expired requests first anyway).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from ..._errors import CrdtStoreError, InvalidResource, LeaseHeld, LeaseLost, LeaseNotFound
+from ..._leases._backend import LeaseBackend
+from ..._leases._clock import Clock, Proc, ProcessProbe, SystemProbe
+from ..._leases._engine import Req, Table, fence_error
+from ..._leases._models import LeaseState, LeaseStatus
+from ._client import mapped
+
+if TYPE_CHECKING:
+    from ._journal import RedisJournal
+
+SERVER_BOOT = "redis"  # the boot id of the server's clock (it is a wall clock: no boots)
+
+
+def _req(tenant: str, a: list[Any]) -> Req:
+    """A request from its JSON list (the layout of ``decode`` in lease.lua)."""
+    return Req(
+        rank=int(float(a[0])),
+        id=a[1],
+        tenant=tenant,
+        owner=a[2],
+        step=a[3] or None,
+        attempt=int(a[4]) if a[4] != "" else None,
+        resources=tuple(a[5]),
+        state=a[6],
+        token=int(float(a[7])) if a[7] != "" else None,
+        ttl=float(a[8]),
+        proc=Proc(a[9], a[10], int(a[11]), int(a[12])) if a[9] else None,
+        acked=a[13] == "1",
+        created=float(a[14]),
+        clock_boot=a[15],
+        requested=float(a[16]),
+        granted_at=float(a[17]) if a[17] != "" else None,
+        expires=float(a[18]),
+    )
+
+
+def _table(tenant: str, raws: list[bytes], next_token: int) -> Table:
+    t = Table(next_token=next_token)
+    for raw in raws:
+        r = _req(tenant, json.loads(raw))
+        t.reqs[r.rank] = r
+    return t
+
+
+def _proc_args(proc: Proc) -> list[Any]:
+    return [proc.host, proc.boot, str(proc.pid), str(proc.start)]
+
+
+class RedisLeases(LeaseBackend):
+    """Leases in the Redis of ``journal`` (see the module docstring)."""
+
+    name = "redis"
+    shields_cleanup = True  # release and cancel are shielded here
+
+    def __init__(
+        self,
+        journal: RedisJournal,
+        *,
+        clock: Clock | None = None,
+        probe: ProcessProbe | None = None,
+    ) -> None:
+        self.journal = journal
+        self.clock = clock  # None: the server's clock
+        self.probe: ProcessProbe = probe if probe is not None else SystemProbe()
+        self._tenants: set[str] = set()
+        self._opened_journal = False
+
+    async def open(self) -> None:
+        if self.journal._client is None:
+            await self.journal.open()
+            self._opened_journal = True
+
+    async def aclose(self) -> None:
+        if self._opened_journal:
+            self._opened_journal = False
+            await self.journal.aclose()
+
+    # -- plumbing -----------------------------------------------------------------------------
+
+    def _clock_args(self) -> list[str]:
+        if self.clock is None:
+            return ["", ""]
+        return [repr(float(self.clock.now())), self.clock.boot_id()]
+
+    async def _watch(self, tenant: str) -> None:
+        """Have the store's tail wake this process's waiters on the tenant's hand-offs."""
+        self._tenants.add(tenant)
+        tail = self.journal.tail
+        _, _, ev = self.journal.keys.leases(tenant)
+        if tail is None or tail.watching_stream(ev):
+            return
+        with mapped("leases"):
+            last = await self.journal.client.xrevrange(ev, count=1)
+        from ..._leases._api import WAKE_KEY
+
+        wake = self.journal._wake
+        tail.watch_stream(ev, last[0][0] if last else b"0-0", lambda: wake(WAKE_KEY, tenant))
+
+    async def _op(
+        self, tenant: str, op: str, args: list[Any], *, shield: bool = False
+    ) -> tuple[list[Any], Any, Any]:
+        """Run one transition; return (its answer's fields, the table, now) or raise its
+        refusal (after the transition committed what its reap did)."""
+        keys = list(self.journal.keys.leases(tenant))
+        with anyio.CancelScope(shield=shield), mapped(f"lease {op}"):
+            got = await self.journal.scripts.lease(keys=keys, args=[op, *self._clock_args(), *args])
+        if int(float(got[3])) > 0 and self.on_change is not None:
+            self.on_change()
+        if got[0] == b"err":
+            raise self._refusal(got[4:])
+        now = float(got[1])
+        return got, _table(tenant, got[6:], int(float(got[5]))), now
+
+    @staticmethod
+    def _refusal(err: list[bytes]) -> CrdtStoreError:
+        kind, args = err[0], [x.decode() for x in err[1:]]
+        if kind == b"held":
+            return LeaseHeld(args[0], args[1], int(float(args[2])) if args[2] else None)
+        if kind == b"lost":
+            return LeaseLost(args[0], args[1], int(args[2]) if args[2] else None)
+        if kind == b"not_found":
+            return LeaseNotFound(args[0])
+        if kind == b"not_owner":
+            return _NotOwner(args[0])
+        if kind == b"invalid_resource":
+            return InvalidResource(json.loads(args[0]), "this key already requested them")
+        return LeaseLost("?", f"unexpected answer {err!r}")  # pragma: no cover
+
+    def _state(self, got: list[Any], t: Table, now: float) -> LeaseState:
+        return t.state_of(t.reqs[int(float(got[4]))], now)
+
+    async def _read(self, tenant: str) -> tuple[Table, float, str]:
+        """The tenant's table, now and the boot id (a consistent read, changing nothing)."""
+        q, n, _ = self.journal.keys.leases(tenant)
+        with mapped("leases"):
+            pipe = self.journal.client.pipeline(transaction=True)
+            pipe.hgetall(q)
+            pipe.hget(n, "token")
+            pipe.time()
+            raw, token, (sec, usec) = await pipe.execute()
+        t = _table(tenant, list(raw.values()), int(float(token)) if token else 1)
+        if self.clock is None:
+            return t, sec + usec / 1e6, SERVER_BOOT
+        return t, self.clock.now(), self.clock.boot_id()
+
+    # -- the interface --------------------------------------------------------------------------
+
+    async def request(
+        self,
+        tenant: str,
+        owner: str,
+        resources: tuple[str, ...],
+        *,
+        ttl: float,
+        key: tuple[str, int] | None,
+        proc: Proc,
+        wait: bool,
+    ) -> LeaseState:
+        await self._watch(tenant)
+        args = [
+            owner,
+            key[0] if key else "",
+            str(key[1]) if key else "",
+            json.dumps(list(resources)),
+            repr(float(ttl)),
+            *_proc_args(proc),
+            "1" if wait else "0",
+            secrets.token_hex(8),
+            repr(time.time()),
+        ]
+        try:
+            got, t, now = await self._op(tenant, "request", args)
+        except InvalidResource as exc:
+            raise InvalidResource(
+                list(resources), f"key {key!r} already requested {exc.resource}"
+            ) from None
+        return self._state(got, t, now)
+
+    async def heartbeat(self, tenant: str, lease_id: str, owner: str, proc: Proc) -> LeaseState:
+        self._tenants.add(tenant)
+        try:
+            got, t, now = await self._op(tenant, "heartbeat", [lease_id, owner, *_proc_args(proc)])
+        except _NotOwner as exc:
+            raise LeaseNotFound(lease_id, f"belongs to another owner, not {owner!r}") from exc
+        return self._state(got, t, now)
+
+    async def release(self, tenant: str, lease_id: str, owner: str, token: int | None) -> None:
+        args = [lease_id, owner, "" if token is None else str(token)]
+        try:
+            await self._op(tenant, "release", args, shield=True)
+        except _NotOwner as exc:
+            raise LeaseNotFound(lease_id, f"belongs to another owner, not {owner!r}") from exc
+
+    async def cancel(self, tenant: str, lease_id: str, owner: str) -> bool:
+        try:
+            got, _, _ = await self._op(tenant, "cancel", [lease_id, owner], shield=True)
+        except _NotOwner as exc:
+            raise LeaseNotFound(lease_id, f"belongs to another owner, not {owner!r}") from exc
+        return bool(got[4] == b"1")
+
+    async def reap(self) -> int:
+        removed = 0
+        for tenant in sorted(self._tenants):
+            t, _, _ = await self._read(tenant)
+            if not t.reqs:
+                continue
+            dead: list[str] = []
+            for r in t.reqs.values():
+                proc = r.proc
+                probed = r.state == "granted" and r.acked and proc is not None
+                if probed and proc is not None and self.probe.is_dead(proc):
+                    dead += [r.id, str(proc.pid)]
+            got, _, _ = await self._op(tenant, "reap", dead)
+            removed += int(float(got[4]))
+        return removed
+
+    async def status(self, tenant: str) -> LeaseStatus:
+        self._tenants.add(tenant)
+        t, now, _ = await self._read(tenant)
+        return t.status(tenant, now, time.time())
+
+    async def check(self, tenant: str, lease_id: str, resource: str, token: int) -> None:
+        t, now, boot = await self._read(tenant)
+        err = fence_error(t.find(tenant, lease_id), resource, token, now, boot)
+        if err is not None:
+            raise err
+
+    def __repr__(self) -> str:  # pragma: no cover
+        return f"<RedisLeases {self.journal!r}>"
+
+
+class _NotOwner(LeaseNotFound):
+    """A request of another owner (the caller's message names the owner)."""

@@ -1,0 +1,251 @@
+"""One blocking stream read per store: how other processes' writes wake this store's readers.
+
+The tail holds one connection of its own, blocked in ``XREAD`` on the journal stream of every
+run a record of this store has open (and on the lease wake-up streams of the tenants it
+waits on), each from the last position it knows. When an entry arrives it asks the runs'
+heads and wakes the readers of each run that moved past what this store wrote itself; the
+readers then read the journal (``JournalBackend.read``), as on any wake-up. ``COUNT 1``: the
+read only says *that* a stream moved, the reader fetches what.
+
+A record opening a run changes the set of streams: the blocked read is interrupted with
+``CLIENT UNBLOCK`` and sent again with the new set. A lost connection (Redis restarting) is
+retried with a growing pause; once back, every reader is woken (it may have missed entries).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ._client import RedisError
+
+log = logging.getLogger("crdtstore.redis")
+
+BLOCK_MS = 2000  # the longest one XREAD blocks (then it is sent again: a cheap heartbeat)
+RETRY_FIRST, RETRY_MAX = 0.02, 1.0  # seconds between reconnection attempts (doubling)
+
+
+@dataclass
+class _Run:
+    tenant: str
+    run: str
+    meta: str  # the run's hash (its head)
+    users: int
+    seen: int  # every position up to here was woken for, or written by this store
+
+
+def _xread_ids(reply: Any) -> dict[bytes, bytes]:
+    """``{stream: last entry id}`` of an ``XREAD`` reply (RESP2 list or RESP3 map)."""
+    if not reply:
+        return {}
+    items = reply.items() if isinstance(reply, dict) else ((r[0], r[1]) for r in reply)
+    out: dict[bytes, bytes] = {}
+    for key, entries in items:
+        if entries and isinstance(entries[0], list):  # RESP3: [[(id, fields), ...]]
+            entries = entries[0]
+        if entries:
+            out[key if isinstance(key, bytes) else str(key).encode()] = entries[-1][0]
+    return out
+
+
+class Tail:
+    """The stream read loop of one store (started by :meth:`start`, ended by :meth:`aclose`)."""
+
+    def __init__(
+        self,
+        connect: Callable[[], Any],
+        control: Any,
+        wake: Callable[[str, str], None],
+        block_ms: int = BLOCK_MS,
+    ) -> None:
+        self._connect = connect  # makes the tail's own single-connection client
+        self._control = control  # the store's client: sends CLIENT UNBLOCK
+        self._wake = wake
+        self._block_ms = block_ms
+        self._runs: dict[bytes, _Run] = {}  # journal stream -> what is known of its run
+        self._streams: dict[bytes, tuple[bytes, Callable[[], None]]] = {}  # other streams
+        self._version = 0  # bumped when the set of streams changes
+        self._reading = -1  # the version of the XREAD in flight (-1: none)
+        self._changed = asyncio.Event()
+        self._client: Any = None
+        self._client_id: int | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._kicks: set[asyncio.Task[None]] = set()
+        self._closing = False
+        self.reconnects = 0  # times the connection came back after a failure
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name="crdtstore-tail")
+
+    async def aclose(self) -> None:
+        task, self._task = self._task, None
+        self._closing = True
+        for kick in list(self._kicks):
+            kick.cancel()
+        if task is not None:
+            # redis-py can swallow a cancellation that lands while it sends a command (the
+            # read then blocks on): cancel again until the task ends; the blocked read is
+            # interrupted, and the loop stops at its next turn anyway
+            cid = self._client_id
+            if self._reading != -1 and cid is not None:
+                with contextlib.suppress(Exception):
+                    await self._control.execute_command("CLIENT", "UNBLOCK", cid)
+            deadline = asyncio.get_running_loop().time() + self._block_ms / 1000 + 1
+            while not task.done() and asyncio.get_running_loop().time() < deadline:
+                task.cancel()
+                await asyncio.wait([task], timeout=0.05)
+            if not task.done():  # pragma: no cover - redis-py kept it
+                log.warning("the redis stream read did not stop")
+        await self._drop_client()
+
+    # -- what is watched ------------------------------------------------------------------
+
+    def watch_run(self, stream: str, meta: str, tenant: str, run: str, seen: int) -> None:
+        """Wake ``wake(tenant, run)`` for entries past ``seen`` that this store did not write."""
+        key = stream.encode()
+        got = self._runs.get(key)
+        if got is not None:
+            got.users += 1
+            if seen >= got.seen:
+                return
+            got.seen = seen  # the new reader may have missed a wake-up: read from there
+        else:
+            self._runs[key] = _Run(tenant, run, meta, 1, seen)
+        self._restart()
+
+    def unwatch_run(self, stream: str) -> None:
+        key = stream.encode()
+        got = self._runs.get(key)
+        if got is not None:
+            got.users -= 1
+            if got.users <= 0:
+                del self._runs[key]
+                self._version += 1  # the blocked read may keep it until it returns
+
+    def wrote(self, stream: str, first: int, last: int) -> None:
+        """This store appended ``first..last`` to ``stream``: no wake-up for them."""
+        got = self._runs.get(stream.encode())
+        if got is not None and first <= got.seen + 1 <= last + 1:
+            got.seen = max(got.seen, last)
+
+    def seen(self, streams: dict[str, str]) -> dict[str, int]:
+        """``{run: the last position known}`` of the watched runs among ``streams``
+        (``{stream key: run}``)."""
+        out: dict[str, int] = {}
+        for stream, run in streams.items():
+            got = self._runs.get(stream.encode())
+            if got is not None:
+                out[run] = got.seen
+        return out
+
+    def watch_stream(self, stream: str, last_id: bytes, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` for every entry of ``stream`` after ``last_id`` (kept until the
+        store closes)."""
+        key = stream.encode()
+        if key not in self._streams:
+            self._streams[key] = (last_id, callback)
+            self._restart()
+
+    def watching_stream(self, stream: str) -> bool:
+        return stream.encode() in self._streams
+
+    def _restart(self) -> None:
+        """The set of streams changed: make the loop send its read again."""
+        self._version += 1
+        self._changed.set()
+        if self._reading != -1 and self._task is not None:
+            kick = asyncio.get_running_loop().create_task(self._unblock(self._version))
+            self._kicks.add(kick)
+            kick.add_done_callback(self._kicks.discard)
+
+    async def _unblock(self, version: int) -> None:
+        """Interrupt a blocked read older than ``version`` (it may not have reached the server
+        yet: then try again a few times; at worst it returns after ``BLOCK_MS``)."""
+        for _ in range(100):
+            reading, cid = self._reading, self._client_id
+            if reading == -1 or reading >= version or cid is None:
+                return
+            try:
+                if await self._control.execute_command("CLIENT", "UNBLOCK", cid):
+                    return
+            except (RedisError, OSError) as exc:
+                log.debug("CLIENT UNBLOCK failed: %s", exc)
+                return
+            await asyncio.sleep(0.001)
+
+    # -- the loop -------------------------------------------------------------------------
+
+    async def _drop_client(self) -> None:
+        client, self._client, self._client_id = self._client, None, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                await client.aclose()
+
+    async def _loop(self) -> None:
+        delay = RETRY_FIRST
+        failed = False
+        while not self._closing:
+            if not self._runs and not self._streams:
+                self._changed.clear()
+                await self._changed.wait()
+                continue
+            version = self._version
+            keys = [*self._runs, *self._streams]
+            ids = [
+                f"{self._runs[k].seen}-0".encode() if k in self._runs else self._streams[k][0]
+                for k in keys
+            ]
+            try:
+                if self._client is None:
+                    self._client = self._connect()
+                    self._client_id = int(await self._client.client_id())
+                self._reading = version
+                reply = await self._client.execute_command(
+                    "XREAD", "COUNT", 1, "BLOCK", self._block_ms, "STREAMS", *keys, *ids
+                )
+                self._reading = -1
+                got = _xread_ids(reply)
+                if got:
+                    await self._handle(got)
+            except (RedisError, OSError) as exc:
+                self._reading = -1
+                if not failed:
+                    log.warning("redis stream read failed (%s); reconnecting", exc)
+                failed = True
+                await self._drop_client()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX)
+                continue
+            if failed:  # back: the readers may have missed entries meanwhile
+                failed, delay = False, RETRY_FIRST
+                self.reconnects += 1
+                log.info("redis stream read reconnected")
+                for r in list(self._runs.values()):
+                    self._wake(r.tenant, r.run)
+                for _, callback in list(self._streams.values()):
+                    callback()
+
+    async def _handle(self, got: dict[bytes, bytes]) -> None:
+        runs = [(k, self._runs[k]) for k in got if k in self._runs]
+        for key, last in got.items():
+            other = self._streams.get(key)
+            if other is not None:
+                self._streams[key] = (last, other[1])
+                other[1]()
+        if not runs:
+            return
+        pipe = self._control.pipeline(transaction=False)
+        for _, r in runs:
+            pipe.hget(r.meta, "head")
+        heads = await pipe.execute()
+        for (key, r), head in zip(runs, heads, strict=True):
+            if head is None:  # deleted meanwhile
+                continue
+            h = int(head)
+            if self._runs.get(key) is r and h > r.seen:
+                r.seen = h
+                self._wake(r.tenant, r.run)
