@@ -8,6 +8,7 @@ with apt-get), it never skips them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -77,13 +78,14 @@ class RedisServer:
             "--daemonize", "no",
             *self.extra,
         ]  # fmt: skip
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        err = self.folder / "redis.stderr"
+        with err.open("ab") as stderr:
+            self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=stderr)
         deadline = time.monotonic() + START_TIMEOUT
         while not self.ping():
             if self.proc.poll() is not None:
-                err = self.proc.stderr.read().decode() if self.proc.stderr else ""
                 log = self.log.read_text() if self.log.exists() else ""
-                raise RuntimeError(f"redis-server exited at start: {err}{log[-2000:]}")
+                raise RuntimeError(f"redis-server exited at start: {err.read_text()}{log[-2000:]}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"redis-server did not answer on port {self.port}")
             time.sleep(0.01)
@@ -121,8 +123,6 @@ class RedisServer:
                 except subprocess.TimeoutExpired:
                     self.proc.kill()
                     self.proc.wait()
-            if self.proc.stderr is not None:
-                self.proc.stderr.close()
             self.proc = None
 
 
@@ -174,6 +174,11 @@ class Child:
 
     def kill(self) -> None:
         self.kill9()
+        self._reader.join(timeout=10)
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
         self._err.close()
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import secrets
+import socket
 import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -24,6 +26,7 @@ log = logging.getLogger("crdtstore.redis")
 TRIM_CHUNK = 1000  # journal entries removed per script call below a snapshot
 WAITAOF_TIMEOUT_MS = 10_000  # how long a durable write waits for the append-only file
 
+_HOST = socket.gethostname()
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
@@ -488,7 +491,8 @@ class RedisJournal(JournalBackend):
         keys = self.keys.run_keys(tenant, run)
         ttl_ms = int(self.url.lock_ttl * 1000)
         async with self._lock(tenant, run):
-            token = secrets.token_hex(16)
+            # who holds it, for an operator looking at the key (and unguessable)
+            token = f"{_HOST}:{os.getpid()}:{secrets.token_hex(12)}"
             backoff = Backoff("authority")
             while True:
                 with mapped("authority"):
