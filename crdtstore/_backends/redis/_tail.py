@@ -2,10 +2,11 @@
 
 The tail holds one connection of its own, blocked in ``XREAD`` on the journal stream of every
 run a record of this store has open (and on the lease wake-up streams of the tenants it
-waits on), each from the last position it knows. When an entry arrives it asks the runs'
-heads and wakes the readers of each run that moved past what this store wrote itself; the
-readers then read the journal (``JournalBackend.read``), as on any wake-up. ``COUNT 1``: the
-read only says *that* a stream moved, the reader fetches what.
+waits on), each from the last position it knows. When an entry arrives that this store did
+not write, it wakes the run's readers at once, then asks the run's head and wakes them again
+if the journal went further (so no entry can land between a reader's read and the position
+the tail moves to); the readers then read the journal (``JournalBackend.read``), as on any
+wake-up. ``COUNT 1``: the read only says *that* a stream moved, the reader fetches what.
 
 A record opening a run changes the set of streams: the blocked read is interrupted with
 ``CLIENT UNBLOCK`` and sent again with the new set. A lost connection (Redis restarting) is
@@ -230,22 +231,34 @@ class Tail:
                     callback()
 
     async def _handle(self, got: dict[bytes, bytes]) -> None:
-        runs = [(k, self._runs[k]) for k in got if k in self._runs]
-        for key, last in got.items():
+        runs: list[tuple[bytes, _Run, int]] = []
+        for key, first in got.items():
             other = self._streams.get(key)
             if other is not None:
-                self._streams[key] = (last, other[1])
+                self._streams[key] = (first, other[1])
                 other[1]()
+                continue
+            r = self._runs.get(key)
+            if r is None:
+                continue
+            seq = int(first.split(b"-", 1)[0])
+            if seq > r.seen:
+                # the first entry this store has not seen: wake its readers now, then learn
+                # how far the journal went (COUNT 1 brought one entry of a burst)
+                self._wake(r.tenant, r.run)
+                runs.append((key, r, seq))
         if not runs:
             return
         pipe = self._control.pipeline(transaction=False)
-        for _, r in runs:
+        for _, r, _ in runs:
             pipe.hget(r.meta, "head")
         heads = await pipe.execute()
-        for (key, r), head in zip(runs, heads, strict=True):
-            if head is None:  # deleted meanwhile
+        for (key, r, seq), head in zip(runs, heads, strict=True):
+            if self._runs.get(key) is not r:  # unwatched meanwhile
                 continue
-            h = int(head)
-            if self._runs.get(key) is r and h > r.seen:
-                r.seen = h
+            h = seq if head is None else int(head)
+            if h > seq:
+                # entries past the one woken for may have landed after the readers read:
+                # wake them again (a reader that has them all reads nothing)
                 self._wake(r.tenant, r.run)
+            r.seen = max(r.seen, h)
