@@ -3,8 +3,10 @@ conformance suites, URLs, key names and tenant isolation, ``delete_run`` leaving
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -310,3 +312,62 @@ async def test_an_expired_authority_cannot_commit(server: RedisServer) -> None:
     finally:
         await j1.aclose()
         await j2.aclose()
+
+
+# -- leases across stores and restarts ----------------------------------------------------
+
+
+async def test_a_release_wakes_a_waiter_of_another_store(server: RedisServer) -> None:
+    """The hand-off reaches a waiter in another store (another process, to the lease layer)
+    through the tenant's wake-up stream, not after a fallback poll (2 s) or the TTL."""
+    url = server.url()
+    async with crdtstore.open_store(url) as a, crdtstore.open_store(url) as b:
+        held = await a.lease(["src/x.py"], ttl=30).acquire()
+        got: list[float] = []
+
+        async def wait_for_it() -> None:
+            async with b.lease(["src/x.py"], ttl=30) as lease:
+                got.append(time.monotonic())
+                assert lease.token > held.token
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait_for_it)
+            await until(lambda: _waiting(b), "b to queue", deadline=10)
+            released = time.monotonic()
+            await held.release()
+        assert got and got[0] - released < 1.0, "the waiter was not woken by the release"
+
+
+async def _waiting(store: crdtstore.Store) -> bool:
+    return len((await store.leases.status()).waiters) == 1
+
+
+async def test_leases_survive_a_redis_restart(tmp_path: Path) -> None:
+    """kill -9 of redis-server and a restart on the same folder (append-only file): the
+    holder, the waiter's place and the token counter are all still there."""
+    srv = RedisServer(tmp_path).start()
+    try:
+        url = srv.url()
+        async with crdtstore.open_store(url) as store:
+            backend = store.leases.backend
+            proc = crdtstore._leases.this_proc()
+            a = await backend.request("t", "A", ("f",), ttl=60.0, key=None, proc=proc, wait=True)
+            w = await backend.request("t", "B", ("f",), ttl=60.0, key=None, proc=proc, wait=True)
+            assert a.token is not None and not w.granted
+            srv.kill9()
+            srv.start()
+            st = await until(lambda: _status(backend), "redis to be back")
+            assert [(h.owner, h.token) for h in st.holders] == [("A", a.token)]
+            assert [(x.owner, x.rank) for x in st.waiters] == [("B", w.rank)]
+            await backend.release("t", a.lease_id, "A", a.token)
+            b = await backend.heartbeat("t", w.lease_id, "B", proc)
+            assert b.granted and b.token is not None and b.token > a.token
+    finally:
+        srv.stop()
+
+
+async def _status(backend: Any) -> Any:
+    try:
+        return await backend.status("t")
+    except crdtstore.BackendError:
+        return None
