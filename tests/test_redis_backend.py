@@ -3,6 +3,7 @@ conformance suites, URLs, key names and tenant isolation, ``delete_run`` leaving
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import crdtstore
+from crdtstore import blocking
 from crdtstore._backends.redis import RedisJournal, RedisLeases
 from crdtstore._backends.redis._keys import Keys, escape, parse_url
 from crdtstore._journal import NewEntry, checksum
@@ -371,3 +373,35 @@ async def _status(backend: Any) -> Any:
         return await backend.status("t")
     except crdtstore.BackendError:
         return None
+
+
+# -- wake-ups -----------------------------------------------------------------------------
+
+
+async def test_one_blocking_read_per_store_for_all_its_runs(server: RedisServer) -> None:
+    """A store with 20 runs open holds one blocked XREAD, not a read per record; a write to
+    any of them from another store arrives without sync()."""
+    url = server.url()
+    async with crdtstore.open_store(url, poll_interval=60.0) as reader:
+        async with contextlib.AsyncExitStack() as stack:
+            recs = [
+                await stack.enter_async_context(reader.open_record(run=f"r{i}", agent="r"))
+                for i in range(20)
+            ]
+            with server.client() as c:
+                await until(lambda: c.info("clients")["blocked_clients"] == 1, "one XREAD")
+                async with crdtstore.open_store(url) as writer:
+                    for i in (0, 7, 19):
+                        async with writer.open_record(run=f"r{i}", agent="w") as rec:
+                            await rec.map("m").set("k", i)
+                    for i in (0, 7, 19):
+                        await until(lambda i=i: recs[i].map("m").get("k") == i, f"run r{i}")
+                assert c.info("clients")["blocked_clients"] == 1
+
+
+def test_the_blocking_facade(server: RedisServer) -> None:
+    url = server.url()
+    with blocking.open_store(url) as store, store.open_record(run="r", agent="a") as rec:
+        rec.map("m").set("k", 1)
+        rec.flush()
+        assert [e.seq for e in store.journal("r")] == [1]
