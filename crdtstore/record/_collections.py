@@ -43,10 +43,10 @@ class CollectionHost(Protocol):
         ...
 
     def _stage(
-        self, ops: list[Op], apply: Callable[[], None] | None = None, root: Any = None
+        self, ops: list[Any], apply: Callable[[], None] | None = None, root: Any = None
     ) -> Coroutine[Any, Any, None] | None:
-        """Check, apply and queue a write (``apply`` None: ``ops`` is one map set on
-        ``root``); return what to await, if anything (``WritePipeline._stage``)."""
+        """Check, apply and queue a write (``apply`` None: ``ops`` is one map set op alone,
+        on ``root``); return what to await, if anything (``WritePipeline._stage``)."""
         ...
 
     async def _write_guarded(

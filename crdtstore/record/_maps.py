@@ -133,8 +133,8 @@ class MapCollection(_Collection):
         stored = to_stored(value)
         op: Op = ["map", name, "set", key, stored]
         if expected_version is None and based_on is None and lease is None:
-            # the hot path: no second coroutine, no apply callable (Replica.local_set)
-            wait = rec._stage([op], None, self._root)
+            # the hot path: no second coroutine, no apply callable, the op alone (see _stage)
+            wait = rec._stage(op, None, self._root)
             if wait is not None:
                 await wait
         else:

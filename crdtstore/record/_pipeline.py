@@ -105,32 +105,38 @@ class WritePipeline(JournalLink):
         return Meta(self.agent, source, wall, None, self._origin, call)
 
     def _stage(
-        self, ops: _List[Op], apply: Callable[[], None] | None = None, root: Any = None
+        self, ops: _List[Any], apply: Callable[[], None] | None = None, root: Any = None
     ) -> Coroutine[Any, Any, None] | None:
         """Check, apply and queue a local write (see the module docstring); return what the
         caller must await (None: nothing).
 
-        ``apply`` makes exactly the changes ``ops`` describe; None: ``ops`` is one map set
-        (``["map", name, "set", key, stored]``) on the map ``root``, applied straight by the
-        replica (:meth:`~._document.ReplicaDocument.local_set`, the hot path)."""
+        ``ops`` are the write's ops and ``apply`` makes exactly the changes they describe. The
+        hot path, a map set, passes no ``apply``: ``ops`` is then that one op alone
+        (``["map", name, "set", key, stored]``, not in a list: inside a transaction no list
+        is made for it) and ``root`` its map, and the replica applies it straight
+        (:meth:`~._document.ReplicaDocument.local_set`, ``do_set``)."""
         if self._state != "open" or self._failure is not None or self._read_only is not None:
             self._check_writable()
         # Policies and budgets are checked before the document is touched (no rollback).
-        if self._txn_task is not None:
-            if _TXN.get() is not self._txn_task:  # another task's: wait for it to end
+        txn = self._txn_task
+        if txn is not None:
+            if _TXN.get() is not txn:  # another task's: wait for it to end
                 return self._stage_after_txn(ops, apply, root)
             txn_meta = self._txn_meta
             assert txn_meta is not None
-            usage = self._enforce(ops, conditional=False) if self._specs else None
-            if apply is None:
-                op = ops[0]
-                self.replica.do_set(root, op[1], op[3], op[4], txn_meta)
+            if apply is None:  # ops: one map set
+                usage = self._enforce([ops], conditional=False) if self._specs else None
+                self.replica.do_set(root, ops[1], ops[3], ops[4], txn_meta)
+                self._txn_ops.append(ops)
             else:
+                usage = self._enforce(ops, conditional=False) if self._specs else None
                 self.replica.do(ops, apply, txn_meta)
-            self._txn_ops += ops
+                self._txn_ops += ops
             if usage:
                 apply_budgets(usage)
             return None
+        if apply is None:
+            ops = [ops]  # (one map set)
         usage = self._enforce(ops, conditional=False) if self._specs else None
         # tuple.__new__ skips the namedtuple's Python-level __new__ (a third of a write's
         # bookkeeping on this path)
@@ -161,7 +167,7 @@ class WritePipeline(JournalLink):
         return None
 
     async def _stage_after_txn(
-        self, ops: _List[Op], apply: Callable[[], None] | None, root: Any
+        self, ops: _List[Any], apply: Callable[[], None] | None, root: Any
     ) -> None:
         """:meth:`_stage` once the open transaction (another task's) has ended."""
         while self._txn_task is not None:
