@@ -179,3 +179,40 @@ def test_record_modules_stay_small() -> None:
         p.name: len(p.read_text().splitlines()) for p in (ROOT / "crdtstore/record").glob("*.py")
     }
     assert {name: n for name, n in sizes.items() if n > 600} == {}
+
+
+# crdtstore/record/__init__.py's drawing, top to bottom: a module imports only those below it
+RECORD_LAYERS = [
+    "_record",
+    "_foreign",
+    "_guarded",
+    "_pipeline",
+    "_journal_link",
+    "_changes",
+    "_policies",
+    "_state",
+    "_view",
+    "_maps",
+    "_collections",
+    "_replica",
+    "_external",
+    "_effects",
+    "_replay",
+    "_document",
+    "_provenance",
+    "_textdiff",
+]
+
+
+def test_record_modules_import_only_those_below() -> None:
+    graph = import_graph()
+    modules = {p.stem for p in (ROOT / "crdtstore/record").glob("_*.py")}
+    assert modules == set(RECORD_LAYERS)  # a new module takes its place in the drawing
+    rank = {name: i for i, name in enumerate(RECORD_LAYERS)}
+    upward = [
+        (name, target)
+        for name in RECORD_LAYERS
+        for target in sorted(graph[f"crdtstore.record.{name}"])
+        if target.startswith("crdtstore.record.") and rank[target.rpartition(".")[2]] <= rank[name]
+    ]
+    assert upward == []
