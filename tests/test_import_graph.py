@@ -206,7 +206,7 @@ RECORD_LAYERS = [
 
 def test_record_modules_import_only_those_below() -> None:
     graph = import_graph()
-    modules = {p.stem for p in (ROOT / "crdtstore/record").glob("_*.py")}
+    modules = {p.stem for p in (ROOT / "crdtstore/record").glob("_*.py")} - {"__init__"}
     assert modules == set(RECORD_LAYERS)  # a new module takes its place in the drawing
     rank = {name: i for i, name in enumerate(RECORD_LAYERS)}
     upward = [
