@@ -12,8 +12,8 @@ Several processes on one machine share one store file. The design follows SQLite
   the two hot paths of cross-process propagation, which run on the event loop thread on a
   connection of their own (the *loop connection*, busy timeout 0): a tail's read of a few new
   rows (tens of microseconds, less than a hop to a worker thread, which costs milliseconds on
-  a loaded machine; a read finding more than :data:`INLINE_ROWS` rows or
-  :data:`INLINE_BYTES` bytes is made again in a thread) and a ``batched`` append (a few
+  a loaded machine; a read asking for more than :data:`INLINE_ROWS` rows, or finding more
+  than :data:`INLINE_BYTES` bytes, goes to a thread) and a ``batched`` append (a few
   microseconds of statements and a commit that does not sync). A busy write lock makes the
   append retry in short steps (:data:`RETRY_FIRST` doubling to :data:`RETRY_MAX`, for at
   most :data:`BUSY_TIMEOUT` seconds) instead of SQLite's busy handler, which sleeps 1, 2,
@@ -677,15 +677,12 @@ class SQLiteJournal(JournalBackend):
             " FROM journal WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?"
         )
         params = (skip_client, skip_client, rid, after, limit)
-        # try the loop connection first, for at most INLINE_ROWS rows: a read asking for many
-        # (a sync, a catch-up) usually finds few, and a worker thread costs ~100-200 us
-        raw = self._read_inline(sql, (*params[:-1], min(limit, INLINE_ROWS)))
-        if raw is None or (len(raw) == INLINE_ROWS and limit > INLINE_ROWS):
+        raw: list[Any] | None = None
+        if limit <= INLINE_ROWS:
+            await anyio.lowlevel.checkpoint_if_cancelled()
+            raw = self._read_inline(sql, params)
+        if raw is None:
             raw = await self._read(lambda db: db.execute(sql, params).fetchall())
-        else:
-            # still a checkpoint: a task that reads in a loop (claim, sync, claim again) must
-            # let the others run, as the hop to a thread does
-            await anyio.lowlevel.checkpoint()
         return self._rows(raw)
 
     async def head(self, tenant: str, run: str) -> int:

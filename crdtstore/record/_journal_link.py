@@ -25,7 +25,7 @@ from .._heap import release_free_memory
 from .._journal import JournalEntry, NewEntry, Op, checksum
 from ._changes import Changes
 from ._provenance import Meta
-from ._state import READ_CHUNK
+from ._state import READ_CHUNK, SYNC_FIRST
 
 log = logging.getLogger("crdtstore.record")
 
@@ -290,11 +290,16 @@ class JournalLink(Changes):
         tail does this in the background within milliseconds anyway).
         """
         self._check_open()
+        # a checkpoint whatever the backend does: a task that syncs in a loop (claim, sync,
+        # claim again) lets the others run (the lease holder it waits for among them)
+        await anyio.lowlevel.checkpoint()
+        limit = SYNC_FIRST
         while True:
-            rows = await self._backend.read(self.tenant, self._jrun, self.applied_seq, READ_CHUNK)
+            rows = await self._backend.read(self.tenant, self._jrun, self.applied_seq, limit)
             if not rows:
                 return self.applied_seq
             await self._apply_remote(rows)
+            limit = READ_CHUNK
 
     async def journal(self, after: int = 0, limit: int = 1000) -> _List[JournalEntry]:
         """Journal entries of this run after position ``after``."""

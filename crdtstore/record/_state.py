@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from ._maps import MapCollection
 
 READ_CHUNK = 10_000
+SYNC_FIRST = 256  # a sync's first read: it usually finds few entries, and a small read is
+# served on the event loop by the SQLite backend (a worker thread costs ~100-200 us)
 
 
 class RecordState:
