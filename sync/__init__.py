@@ -1,11 +1,13 @@
 """sync: the Yjs sync protocol (y-protocols) for crdtstore records.
 
-This package holds the pure protocol layer: lib0 encodings, the y-protocols messages plus
-crdtstore's extension message (type 100, JSON requests and responses), and the server and
-client session state machines (bytes in, messages and bytes out, no I/O); and the hub
-(:class:`Hub`, a WebSocket server sharing each run's record, ``crdtstore serve`` or
-``python -m sync``) with its signed access tokens (:func:`mint`, :func:`verify`).
-``crdtstore`` never imports ``sync`` (its CLI loads ``sync._cli`` when a hub command runs).
+This package holds the pure protocol layer: the y-protocols messages (on lib0, from
+:mod:`crdtstore.codec`) plus crdtstore's extension message (type 100, JSON requests and
+responses), and the server and client session state machines (bytes in, messages and bytes
+out, no I/O); the hub (:class:`Hub`, a WebSocket server sharing each run's record,
+``crdtstore serve`` or ``python -m sync``) with its signed access tokens (:func:`mint`,
+:func:`verify`); and the ``ws://`` store. ``crdtstore`` never imports ``sync``: ``sync`` adds
+its ``ws://`` backend (``crdtstore.backends``) and its ``serve`` and ``token`` commands
+(``crdtstore.commands``) through entry points.
 """
 
 from ._document import Document as Document

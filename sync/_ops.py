@@ -26,7 +26,8 @@ from ._messages import ErrorInfo, Request, Response
 if TYPE_CHECKING:
     from crdtstore import Record, Store
 
-    from ._hub import Hub, _Conn
+    from ._hub import Hub
+    from ._hub_conn import _Conn
     from ._tokens import TokenClaims
 
 __all__ = ["OPS", "OpContext", "OpHandler", "dispatch", "op"]

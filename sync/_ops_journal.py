@@ -109,11 +109,12 @@ from crdtstore._leases._engine import fence_error
 
 from ._document import ReplicaDocument
 from ._errors import ProtocolError
+from ._hub_record import _CURRENT
 from ._messages import Push, Update, decode_state_vector, encode
 from ._ops import OpContext, op
 
 if TYPE_CHECKING:
-    from ._hub import _Conn
+    from ._hub_conn import _Conn
 
 __all__ = ["push_heads", "push_leases", "row_to_json", "run_pushes"]
 
@@ -331,8 +332,6 @@ async def _append(
 ) -> list[int]:
     """Journal client entries as the token's agent (one transaction), each with its call id;
     send what the hub's record took in to the plain Yjs connections of the run."""
-    from ._hub import _CURRENT
-
     rec = ctx.rec
     before = rec.applied_seq
     token = _CURRENT.set(ctx.conn)
@@ -421,7 +420,7 @@ async def _journal_append_guarded(ctx: OpContext, params: dict[str, JsonValue]) 
 
 
 class _RunPushes:
-    """The head pushes of one loaded run (one per :class:`~sync._hub._Room`), shared by its
+    """The head pushes of one loaded run (one per :class:`~sync._hub_runs._Room`), shared by its
     crdtstore connections: one of their :func:`push_heads` tasks, the *leader*, watches the
     journal and sends every push to all of them; when its connection leaves, another takes
     over from where it stopped (``last``)."""

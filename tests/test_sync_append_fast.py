@@ -39,7 +39,7 @@ from crdtstore import (
 from crdtstore._backends.sqlite import SQLiteJournal, _SQLiteAuthority
 from crdtstore._replica import REGISTRY
 from sync._client import WsJournal
-from sync._hub import _HubRecord
+from sync._hub_record import _HubRecord
 from tests.test_sync_client import RUN, TENANT, journal, running_hub, token, until, ws_record
 
 pytestmark = pytest.mark.anyio

@@ -1,4 +1,4 @@
-"""The hub's journaling on the event loop (``sync._hub._HubRecord``): the updates applied in
+"""The hub's journaling on the event loop (``sync._hub_record._HubRecord``): the updates applied in
 one iteration of the loop are appended in one commit, without the record's committer task;
 nothing is acknowledged (``flush``) before its commit, and a failing commit acknowledges
 nothing, the committer then retrying until the journal takes every entry once, in order.
@@ -25,7 +25,8 @@ from crdtstore import BackendError, RunClosed, Store, open_store
 from crdtstore._backends.sqlite import SQLiteJournal
 from crdtstore._journal import NewEntry, checksum
 from sync import ClientSession, PycrdtDocument, Response, TokenClaims, Update, encode, mint
-from sync._hub import Hub, _HubRecord
+from sync._hub import Hub
+from sync._hub_record import _HubRecord
 
 pytestmark = pytest.mark.anyio
 

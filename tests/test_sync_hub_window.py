@@ -1,9 +1,9 @@
 """The hub's journal window (``HubLimits.journal_window``) and its broadcast of shared frames.
 
-- **Window.** A run's record (``sync._hub._HubRecord``) group-commits the updates of plain Yjs
-  clients at most once per window while nobody waits for a commit: the first update after a
-  quiet period is committed in the iteration that applied it, the next ones within the window
-  share the next commit. A ``flush``, a connected ``ws://`` client (it reads the journal),
+- **Window.** A run's record (``sync._hub_record._HubRecord``) group-commits the updates of
+  plain Yjs clients at most once per window while nobody waits for a commit: the first update
+  after a quiet period is committed in the iteration that applied it, the next ones within the
+  window share the next commit. A ``flush``, a connected ``ws://`` client (it reads the journal),
   another store object with the SQLite file open, or the last client leaving makes the commit
   happen at once. The deferral uses asyncio's
   ``call_later``; trio has none here and commits every iteration. A hub process killed while
@@ -45,7 +45,8 @@ from websockets.protocol import State
 from crdtstore import InvalidValue, open_store
 from crdtstore.cli import app
 from sync import CloseCode, HubLimits, SyncStep1, Update, decode, encode
-from sync._hub import _HubRecord, _Room
+from sync._hub_record import _HubRecord
+from sync._hub_runs import _Room
 from tests._wait import elapsed
 from tests.test_sync_hub import RUN, TENANT, HubUnderTest, Peer, peer_at, running_hub, token
 from tests.test_sync_hub_journal import hub_record, updates

@@ -1,5 +1,5 @@
 """Head pushes that carry the journal's new entries (``sync._ops_journal``) and the ``ws://``
-client answering its record's reads from them (``sync._client``).
+client answering its record's reads from them (``sync._link``).
 
 - A hypothesis model of the client's kept entries: pushes (early, late, duplicated, stale,
   with holes), answers, reconnects and commits in any order; a reader tailing by position
@@ -31,7 +31,8 @@ from hypothesis import strategies as st
 from crdtstore import Record, open_store
 from crdtstore._journal import Row
 from sync import Push, decode, encode
-from sync._client import WsJournal, _Link
+from sync._client import WsJournal
+from sync._link import _Link
 from sync._ops_journal import MAX_PUSH_ROWS, row_to_json, run_pushes
 from tests.test_sync_client import (
     FAST,

@@ -417,7 +417,7 @@ def test_the_document_size_bound_never_falls_below_the_encoded_size(
 ) -> None:
     from types import SimpleNamespace
 
-    from sync._hub import _Room
+    from sync._hub_runs import _Room
 
     hub_doc: Doc[Any] = Doc()
     room = _Room("t", "r")
