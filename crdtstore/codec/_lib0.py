@@ -192,9 +192,11 @@ class Decoder:
             CodecError: truncated, over-long (a needless zero group), or above ``max_value``.
         """
         data, pos = self._data, self.pos
-        if pos < len(data) and data[pos] < 0x80 and data[pos] <= max_value:
-            self.pos = pos + 1  # the usual case: one byte
-            return data[pos]
+        if pos < len(data):
+            b = data[pos]
+            if b < 0x80 and b <= max_value:
+                self.pos = pos + 1  # the usual case: one byte
+                return b
         value, pos = read_var_uint_at(data, pos)
         if value > max_value:
             raise CodecError(f"varUint {value} exceeds {max_value}")
@@ -243,18 +245,17 @@ class Decoder:
             CodecError: the length runs past the end of the buffer.
             PayloadTooLarge: the length exceeds ``max_length`` (or the decoder's limit).
         """
-        start = self.pos
-        length = self.read_var_uint()
+        data, pos = self._data, self.pos
+        b = data[pos] if pos < len(data) else 0x80
+        length, pos = (b, pos + 1) if b < 0x80 else read_var_uint_at(data, pos)
         limit = max_length if max_length is not None else self._max_length
         if limit is not None and length > limit:
-            self.pos = start
             raise PayloadTooLarge("byte array", length, limit)
-        if length > len(self._data) - self.pos:
-            self.pos = start
+        end = pos + length
+        if end > len(data):
             raise CodecError(f"byte array of {length} bytes runs past the end of the frame")
-        out = self._data[self.pos : self.pos + length]
-        self.pos += length
-        return out
+        self.pos = end
+        return data[pos:end]
 
     def read_var_string(self, max_length: int | None = None) -> str:
         """Read a length-prefixed UTF-8 string (the length counts bytes).
@@ -263,13 +264,21 @@ class Decoder:
             CodecError: truncated, or not valid UTF-8.
             PayloadTooLarge: the byte length exceeds ``max_length`` (or the decoder's limit).
         """
-        start = self.pos
-        raw = self.read_var_uint8array(max_length)
+        data, pos = self._data, self.pos
+        b = data[pos] if pos < len(data) else 0x80
+        length, pos = (b, pos + 1) if b < 0x80 else read_var_uint_at(data, pos)
+        limit = max_length if max_length is not None else self._max_length
+        if limit is not None and length > limit:
+            raise PayloadTooLarge("byte array", length, limit)
+        end = pos + length
+        if end > len(data):
+            raise CodecError(f"byte array of {length} bytes runs past the end of the frame")
         try:
-            return raw.decode("utf-8")
+            text = data[pos:end].decode("utf-8")
         except UnicodeDecodeError:
-            self.pos = start
             raise CodecError("string is not valid UTF-8") from None
+        self.pos = end
+        return text
 
     def skip_var_string(self) -> None:
         """Move past a length-prefixed string or byte array without decoding it.
@@ -277,12 +286,12 @@ class Decoder:
         Raises:
             CodecError: truncated.
         """
-        start = self.pos
-        n = self.read_var_uint()
-        if n > len(self._data) - self.pos:
-            self.pos = start
+        data, pos = self._data, self.pos
+        b = data[pos] if pos < len(data) else 0x80
+        n, pos = (b, pos + 1) if b < 0x80 else read_var_uint_at(data, pos)
+        if pos + n > len(data):
             raise CodecError(f"byte array of {n} bytes runs past the end of the frame")
-        self.pos += n
+        self.pos = pos + n
 
     def skip_any(self, depth: int = 0) -> None:
         """Move past a lib0 ``any`` value without building it.
