@@ -16,10 +16,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("crdtstore", "sync")
 
-# Being removed by the split of sync/ (issue 15, section 2): the hub and its journal ops
-# import each other. Delete it once it is gone; add none.
-KNOWN_CYCLES = [frozenset({"sync._hub", "sync._ops_journal"})]
-
 
 def _module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
@@ -159,7 +155,7 @@ def test_the_graph_sees_the_package() -> None:
 
 def test_no_import_circle() -> None:
     found = cycles(import_graph())
-    assert [sorted(c) for c in found if c not in KNOWN_CYCLES] == []
+    assert [sorted(c) for c in found] == []
 
 
 def test_crdtstore_never_imports_sync() -> None:
