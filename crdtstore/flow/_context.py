@@ -10,11 +10,9 @@ from .._errors import CrdtStoreError
 from .._leases import canonical_resource, item_resource
 
 if TYPE_CHECKING:
-    from .._collections import ListCollection, MapCollection, TextCollection
     from .._leases import Lease
-    from .._record import Record
     from .._store import Store
-    from .._view import ScopedMap, View
+    from ..record import ListCollection, MapCollection, Record, ScopedMap, TextCollection, View
     from ..tools import Toolset
 
 __all__ = ["StepContext"]

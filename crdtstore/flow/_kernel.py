@@ -57,10 +57,9 @@ from ._state import (
 )
 
 if TYPE_CHECKING:
-    from .._collections import MapCollection
     from .._leases import Lease
-    from .._record import Record
     from .._store import Store
+    from ..record import MapCollection, Record
 
 __all__ = ["Kernel", "run_workflow"]
 

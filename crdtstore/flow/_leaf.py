@@ -17,8 +17,8 @@ from ._spec import AgentExecutor, PythonExecutor, ScriptExecutor, StepCall, reso
 
 if TYPE_CHECKING:
     from .._leases import Lease
-    from .._record import Record
     from .._store import Store
+    from ..record import Record
 
 __all__ = ["Records", "run_leaf"]
 

@@ -12,8 +12,8 @@ from ._state import RUN_KEY, STATE_COLLECTION, RunEntry, StepEntry, Waiter
 
 if TYPE_CHECKING:
     from .._leases import LeaseStatus
-    from .._record import Record
     from .._store import Store
+    from ..record import Record
 
 __all__ = ["FlowStatus", "StepStatus", "flow_status", "status_of"]
 

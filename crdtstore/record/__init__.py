@@ -39,6 +39,8 @@ from ._record import Record as Record
 from ._replay import BulkLoad as BulkLoad
 from ._replay import tree_merge as tree_merge
 from ._replica import Replica as Replica
+from ._view import ScopedMap as ScopedMap
+from ._view import View as View
 
 __all__ = [
     "BulkLoad",
@@ -50,6 +52,8 @@ __all__ = [
     "MapCollection",
     "Record",
     "Replica",
+    "ScopedMap",
     "TextCollection",
+    "View",
     "tree_merge",
 ]

@@ -62,7 +62,7 @@ from .. import __version__
 if TYPE_CHECKING:
     from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 
-    from .._record import Record
+    from ..record import Record
     from ._toolset import Toolset
 
 __all__ = ["SCHEME", "RecordServer", "resource_uri"]

@@ -28,9 +28,8 @@ from ._results import (
 
 if TYPE_CHECKING:
     from .._leases import Lease
-    from .._record import Claim, Record
     from .._store import Store
-    from .._view import View
+    from ..record import Claim, Record, View
 
 
 class Reads:

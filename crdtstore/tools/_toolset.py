@@ -31,7 +31,7 @@ from .._errors import (
 from .._journal import SOURCES
 from .._leases import canonical_resource, canonical_resources, item_resource
 from .._models import Version
-from .._view import View
+from ..record import View
 from . import _args as A
 from ._edits import plan_edits
 from ._reads import Reads
@@ -46,7 +46,7 @@ from ._schemas import FORMATS, tool_annotations, tool_schema
 
 if TYPE_CHECKING:
     from .._leases import Lease
-    from .._record import Claim, Record
+    from ..record import Claim, Record
 
 MAX_ARGUMENT_BYTES = 1_000_000
 
