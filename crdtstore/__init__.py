@@ -27,6 +27,7 @@ from ._errors import LeaseHeld as LeaseHeld
 from ._errors import LeaseLost as LeaseLost
 from ._errors import LeaseNotFound as LeaseNotFound
 from ._errors import LeaseTimeout as LeaseTimeout
+from ._errors import NestedTransaction as NestedTransaction
 from ._errors import PayloadTooLarge as PayloadTooLarge
 from ._errors import PolicyViolation as PolicyViolation
 from ._errors import ReadOnlyAccess as ReadOnlyAccess
@@ -98,6 +99,7 @@ __all__ = [
     "Leases",
     "ListCollection",
     "MapCollection",
+    "NestedTransaction",
     "PayloadTooLarge",
     "PolicyViolation",
     "Provenance",

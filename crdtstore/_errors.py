@@ -12,6 +12,7 @@ composes its own message from its fields::
     ├── CollectionKindMismatch (TypeError)  COLLECTION_KIND
     ├── UnknownRun (LookupError)            UNKNOWN_RUN
     ├── StoreClosed (RuntimeError)          CLOSED
+    ├── NestedTransaction (RuntimeError)    NESTED_TRANSACTION
     ├── RunClosed (PermissionError)         RUN_CLOSED
     │   └── ReadOnlyAccess                  READ_ONLY
     ├── UnsupportedOperation                UNSUPPORTED
@@ -54,6 +55,7 @@ __all__ = [
     "LeaseLost",
     "LeaseNotFound",
     "LeaseTimeout",
+    "NestedTransaction",
     "PayloadTooLarge",
     "PolicyViolation",
     "ReadOnlyAccess",
@@ -159,14 +161,42 @@ class UnknownRun(CrdtStoreError, LookupError):
         super().__init__(f"unknown run {run!r} in tenant {tenant!r}")
 
 
+_HOW_TO_OPEN = {
+    "store": "open it with `async with crdtstore.open_store(url) as store:` (or `await"
+    " store.start()`)",
+    "record": "open it with `async with store.open_record(run, agent) as rec:` (or"
+    " `await rec.start()`)",
+}
+
+
 class StoreClosed(CrdtStoreError, RuntimeError):
     """The store or record was used after it was closed (or before it was started)."""
 
     code = "CLOSED"
 
-    def __init__(self, what: str) -> None:
+    def __init__(self, what: str, state: str = "closed") -> None:
         self.what = what
-        super().__init__(f"{what} is closed")
+        self.state = state
+        if state == "new":
+            how = _HOW_TO_OPEN.get(what, "start it first")
+            super().__init__(f"{what} is not open yet: {how}")
+        elif state == "open":
+            super().__init__(f"{what} is open already: start it once")
+        else:
+            super().__init__(f"{what} is closed")
+
+
+class NestedTransaction(CrdtStoreError, RuntimeError):
+    """``rec.transaction()`` opened inside a transaction of the same record (by the same
+    task): transactions do not nest; write inside the open one."""
+
+    code = "NESTED_TRANSACTION"
+
+    def __init__(self, run: str) -> None:
+        self.run = run
+        super().__init__(
+            f"a transaction of run {run!r} is open in this task: transactions do not nest"
+        )
 
 
 class RunClosed(CrdtStoreError, PermissionError):

@@ -233,7 +233,7 @@ class Store:
         ``start()`` and :meth:`aclose` must be called from the same task.
         """
         if self._state != "new":
-            raise StoreClosed("store")
+            raise StoreClosed("store", self._state)
         await self._backend.open()
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
@@ -270,7 +270,7 @@ class Store:
 
     def _check_open(self) -> None:
         if self._state != "open":
-            raise StoreClosed("store")
+            raise StoreClosed("store", "new" if self._state == "new" else "closed")
 
     async def _spawn(self, fn: Callable[..., Coroutine[Any, Any, None]]) -> None:
         """Start a background task of a record in the store's task group."""

@@ -90,7 +90,7 @@ class JournalLink(Changes):
                 document and are retried by the next flush).
         """
         if self._state == "new":
-            raise StoreClosed("record")
+            raise StoreClosed("record", "new")
         await self._wait_committed(self._written)
 
     async def _committer(self) -> None:

@@ -21,7 +21,7 @@ from typing import Any, Generic, Self, TypeVar
 
 import anyio
 
-from .._errors import InvalidValue
+from .._errors import InvalidValue, NestedTransaction
 from .._journal import SOURCES, Op, check_call
 from .._semantics import apply_budgets
 from ._journal_link import JournalLink
@@ -251,7 +251,7 @@ class _Transaction(Generic[_R]):
         rec = self._rec
         rec._check_open()
         if rec._txn_task is not None and _TXN.get() is rec._txn_task:
-            raise RuntimeError("transactions do not nest")
+            raise NestedTransaction(rec.run)
         while rec._txn_task is not None:
             await rec._txn_idle.wait()
         rec._check_open()

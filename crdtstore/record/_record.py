@@ -67,7 +67,7 @@ class Record(ForeignWrites):
         closed in any order, from any task of the store's event loop.
         """
         if self._state != "new":
-            raise StoreClosed("record")
+            raise StoreClosed("record", "open" if self._state == "open" else "closed")
         self._store._check_open()
         info = await self._backend.ensure_run(
             self.tenant, self.run, create=self._create, parent=self.parent

@@ -114,7 +114,7 @@ class RecordState:
 
     def _check_open(self) -> None:
         if self._state != "open":
-            raise StoreClosed("record")
+            raise StoreClosed("record", "new" if self._state == "new" else "closed")
         if self._failure is not None:
             raise self._failure
 
