@@ -2,7 +2,8 @@
 """Set up the project in .venv and run it. Needs only python3.
 
     python3 dev.py demo [ARGS...]   set up, then run `crdtstore demo` (agent processes sharing a record)
-    python3 dev.py test [ARGS...]   set up, then lint (ruff), type-check (mypy) and run pytest
+    python3 dev.py test [ARGS...]   set up, then lint and check formatting (ruff), type-check
+                                    (mypy) and run pytest
                                     (installs tests/interop's npm packages first if missing)
     python3 dev.py setup            only set up .venv
 """
@@ -68,6 +69,7 @@ def main(argv: list[str]) -> int:
             setup("dev")
             interop_packages()
             run(PY, "-m", "ruff", "check", "crdtstore", "sync", "tests", "bench")
+            run(PY, "-m", "ruff", "format", "--check", "crdtstore", "sync", "tests", "bench")
             run(PY, "-m", "mypy")
             run(PY, "-m", "pytest", *rest)
     except subprocess.CalledProcessError as exc:

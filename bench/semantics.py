@@ -242,7 +242,9 @@ def spawn(argvs: list[list[str]]) -> list[dict[str, Any]]:
     """Start one child per argv, wait until all are ready, say "go", collect their results."""
     procs = [
         subprocess.Popen(
-            [sys.executable, __file__, *a], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            [sys.executable, __file__, *a],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
             text=True,
         )
         for a in argvs
@@ -408,9 +410,7 @@ async def keep_all_round(
             for _ in range(siblings)
         ]
         recs = [
-            await stack.enter_async_context(
-                s.open_record(run="r", agent=f"a{i}", schema=KEEP_ALL)
-            )
+            await stack.enter_async_context(s.open_record(run="r", agent=f"a{i}", schema=KEEP_ALL))
             for i, s in enumerate(stores)
         ]
         for i, r in enumerate(recs):

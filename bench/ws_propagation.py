@@ -122,14 +122,6 @@ def agent(role: str, url: str, run: str, token: str | None, n: int, rate: float)
 # -- parent ---------------------------------------------------------------------------------------
 
 
-
-
-
-
-
-
-
-
 class Hub:
     """``python -m sync`` on a SQLite store, in a process of its own."""
 

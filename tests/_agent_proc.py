@@ -69,16 +69,24 @@ async def fill(args: argparse.Namespace) -> None:
         seen = time.perf_counter() - started
         synced = await rec.sync()  # everyone has flushed: the whole journal is here
         # the counts are reached; now check the contents, not just the sizes
-        missing = [
-            f"{a}:{i}" for a in agents for i in range(n) if m.get(f"{a}:{i}") != i
-        ]
+        missing = [f"{a}:{i}" for a in agents for i in range(n) if m.get(f"{a}:{i}") != i]
         expected_log = sorted(f"{a}:{i}" for a in agents for i in range(0, n, every))
         log_ok = sorted(log.to_list()) == expected_log
-        say("OK", json.dumps({
-            "agent": args.agent, "entries": len(m), "log": len(log), "missing": missing[:10],
-            "log_ok": log_ok, "write_s": round(wrote, 3), "seen_all_s": round(seen, 3),
-            "synced": synced,
-        }))
+        say(
+            "OK",
+            json.dumps(
+                {
+                    "agent": args.agent,
+                    "entries": len(m),
+                    "log": len(log),
+                    "missing": missing[:10],
+                    "log_ok": log_ok,
+                    "write_s": round(wrote, 3),
+                    "seen_all_s": round(seen, 3),
+                    "synced": synced,
+                }
+            ),
+        )
 
 
 async def durable(args: argparse.Namespace) -> None:
@@ -154,10 +162,16 @@ async def pingpong(args: argparse.Namespace) -> None:
                 await wait_key(f"{args.peer}:{r}")
                 await m.set(f"{args.agent}:{r}", r)
         await rec.flush()
-        say("OK", json.dumps({
-            "rounds": args.rounds, "max_wait_s": round(max(waits), 4),
-            "mean_wait_s": round(sum(waits) / len(waits), 4),
-        }))
+        say(
+            "OK",
+            json.dumps(
+                {
+                    "rounds": args.rounds,
+                    "max_wait_s": round(max(waits), 4),
+                    "mean_wait_s": round(sum(waits) / len(waits), 4),
+                }
+            ),
+        )
 
 
 def main(argv: list[str]) -> None:

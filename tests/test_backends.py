@@ -21,9 +21,7 @@ async def test_memory_backend_conforms() -> None:
 
 async def test_sqlite_backend_conforms(tmp_path: Path) -> None:
     counter = iter(range(1000))
-    await check_journal_backend(
-        lambda: SQLiteJournal(f"sqlite:///{tmp_path}/s{next(counter)}.db")
-    )
+    await check_journal_backend(lambda: SQLiteJournal(f"sqlite:///{tmp_path}/s{next(counter)}.db"))
 
 
 async def test_conformance_suite_can_fail() -> None:

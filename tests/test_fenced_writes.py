@@ -64,7 +64,9 @@ async def test_claims_are_exclusive_and_visible(url: str) -> None:
             await bob.sync()
             seen = bob.map("claims")["tasks/t1"]
             assert (seen["claimer"], seen["state"], seen["token"]) == (
-                "alice", "claimed", claim.token
+                "alice",
+                "claimed",
+                claim.token,
             )
             await claim.complete(result={"ok": True})
             await bob.sync()

@@ -555,9 +555,7 @@ async def test_collections_a_plain_yjs_client_creates_are_registered_with_effect
         await js.cmd("array.push", name="items", values=["a", "b"])
         await js.cmd("text.insert", name="notes", index=0, text="héllo")
         await js.cmd("flush")
-        await until(
-            lambda: rec.collections() == {"items": "list", "loose": "map", "notes": "text"}
-        )
+        await until(lambda: rec.collections() == {"items": "list", "loose": "map", "notes": "text"})
         assert rec.to_dict() == {"items": ["a", "b"], "loose": {"k": 1}, "notes": "héllo"}
         meta = rec.map("loose").provenance("k")
         assert meta is not None and meta.agent == "js-1"

@@ -48,7 +48,8 @@ async def test_concurrent_writes_become_siblings_and_a_later_write_resolves() ->
             assert isinstance(got, Conflict)
             assert sorted(got.values) == ["Canberra", "Sydney"]
             assert {(s.agent, s.source) for s in got.siblings} == {
-                ("alice", "model"), ("bob", "tool")
+                ("alice", "model"),
+                ("bob", "tool"),
             }
         assert a.to_dict() == b.to_dict()
         assert "__conflict__" in a.to_dict()["facts"]["capital"]
@@ -64,9 +65,11 @@ async def test_concurrent_writes_become_siblings_and_a_later_write_resolves() ->
 @given(
     seed=st.integers(0, 2**32 - 1),
     writes=st.lists(
-        st.tuples(st.integers(0, 2), st.sampled_from(["k1", "k2"]), st.integers(0, 99),
-                  st.booleans()),
-        min_size=1, max_size=12,
+        st.tuples(
+            st.integers(0, 2), st.sampled_from(["k1", "k2"]), st.integers(0, 99), st.booleans()
+        ),
+        min_size=1,
+        max_size=12,
     ),
 )
 async def test_no_concurrent_value_is_ever_lost(seed: int, writes: list[Any]) -> None:
@@ -114,8 +117,10 @@ async def test_no_concurrent_value_is_ever_lost(seed: int, writes: list[Any]) ->
 
 async def test_keep_all_is_only_for_plain_maps() -> None:
     async with crdtstore.open_store("memory://") as store:
-        for spec in [CollectionSpec(kind="list", conflict="keep_all"),
-                     CollectionSpec(kind="map", conflict="keep_all", policy="guarded")]:
+        for spec in [
+            CollectionSpec(kind="list", conflict="keep_all"),
+            CollectionSpec(kind="map", conflict="keep_all", policy="guarded"),
+        ]:
             with pytest.raises(crdtstore.InvalidValue):
                 async with store.open_record(run="r", agent="a", schema={"x": spec}):
                     pass

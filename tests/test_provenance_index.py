@@ -181,8 +181,22 @@ async def test_resumed_and_compacted_records_keep_provenance_of_many_keys(
 
 # keys from every plane, lone surrogates included: the packed run orders their UTF-8 bytes,
 # which must agree with the order of the keys as str
-_KEY_CHARS = st.sampled_from(["a", "b", "\x00", "é", "\u07ff", "\u0800", "\ud800", "\udfff",
-                              "\ue000", "\uffff", "😀", "\U0010ffff"])
+_KEY_CHARS = st.sampled_from(
+    [
+        "a",
+        "b",
+        "\x00",
+        "é",
+        "\u07ff",
+        "\u0800",
+        "\ud800",
+        "\udfff",
+        "\ue000",
+        "\uffff",
+        "😀",
+        "\U0010ffff",
+    ]
+)
 _KEYS = st.text(_KEY_CHARS, max_size=3)
 
 

@@ -26,7 +26,10 @@ def test_every_error_has_a_unique_stable_code() -> None:
     err = crdtstore.UnknownRun("t", "r")
     assert isinstance(err, LookupError)
     assert err.to_dict() == {
-        "code": "UNKNOWN_RUN", "message": "unknown run 'r' in tenant 't'", "tenant": "t", "run": "r"
+        "code": "UNKNOWN_RUN",
+        "message": "unknown run 'r' in tenant 't'",
+        "tenant": "t",
+        "run": "r",
     }
 
 

@@ -34,8 +34,7 @@ async def test_guarded_writes_match_a_sequential_model(steps: list[tuple[int, st
     model: dict[str, tuple[int, Any]] = {}
     async with crdtstore.open_store("memory://") as store:
         recs = [
-            await store.open_record(run="r", agent=f"a{i}", schema=schema).start()
-            for i in range(2)
+            await store.open_record(run="r", agent=f"a{i}", schema=schema).start() for i in range(2)
         ]
         try:
             for n, (who, key, offer) in enumerate(steps):

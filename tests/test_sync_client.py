@@ -302,7 +302,6 @@ async def test_a_replica_naming_another_entry_of_the_same_value_adopts_the_hub_s
         await until(lambda: bob.map("notes").get("k") == "next")
 
 
-
 async def test_expected_version_through_the_hub(tmp_path: Path) -> None:
     async with (
         running_hub(tmp_path) as hub,

@@ -50,7 +50,8 @@ async def test_deleted_and_expired_runs_and_redacted_values_leave_no_byte(
             assert rec.to_dict()["contacts"] == {"c2": {"who": "ongoing:someone else"}}
             history = await rec.history("contacts", "c1")
             assert [(h.redacted, h.provenance.agent) for h in history] == [
-                (True, "dpo"), (True, "dpo")
+                (True, "dpo"),
+                (True, "dpo"),
             ]
     for run in ("finished", "expiring", "nested", "ongoing"):
         assert leftovers(tmp_path, f"{run}:{PERSONAL}") == [], run
