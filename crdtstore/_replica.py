@@ -7,10 +7,8 @@ from .record._document import _EMPTY_UPDATES as _EMPTY_UPDATES
 from .record._document import DEFAULT_MAX_UPDATE as DEFAULT_MAX_UPDATE
 from .record._document import KINDS as KINDS
 from .record._document import REGISTRY as REGISTRY
-from .record._document import _check_counts as _check_counts
 from .record._document import _direct_insert_works as _direct_insert_works
 from .record._document import _json_number as _json_number
-from .record._document import _varuint as _varuint
 from .record._document import list_values as list_values
 from .record._effects import _EMPTY_OF as _EMPTY_OF
 from .record._effects import _EVENT_SIGNATURE as _EVENT_SIGNATURE

@@ -21,6 +21,7 @@ from pycrdt import Array, Doc, Map, Text, Transaction
 from .._errors import CollectionKindMismatch, InvalidUpdate, PayloadTooLarge
 from .._journal import NewEntry, Op, checksum
 from .._values import from_stored
+from ..codec import check_update_counts
 from ._provenance import Meta, ProvenanceIndex
 
 REGISTRY = "__crdtstore_collections"
@@ -30,41 +31,6 @@ KINDS: dict[str, type[Any]] = {"map": Map, "list": Array, "text": Text}
 DEFAULT_MAX_UPDATE = 16 * 1024 * 1024
 
 _EMPTY_UPDATES = (b"\x00\x00",)
-
-
-def _varuint(data: bytes, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if pos >= len(data) or shift > 63:
-            raise InvalidUpdate("truncated variable-length integer")
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
-
-
-def _check_counts(update: bytes) -> None:
-    """Refuse an update whose leading counts cannot fit in its bytes, before pycrdt's
-    decoder pre-allocates for them (4 bytes claiming 2**28 clients made it allocate about
-    500 MiB). A v1 update starts with the number of clients, then per client the number of
-    structs: each client and each struct takes at least one byte."""
-    size = len(update)
-    if size >= 2 and update[0] < 0x80 and update[1] < 0x80:
-        # both counts fit in one byte (the usual case): the same checks, without the decoder
-        if update[0] > size - 1:
-            raise InvalidUpdate(f"claims {update[0]} clients in {size} bytes")
-        if update[0] and update[1] > size - 2:
-            raise InvalidUpdate(f"claims {update[1]} structs in {size} bytes")
-        return
-    clients, pos = _varuint(update, 0)
-    if clients > len(update) - pos:
-        raise InvalidUpdate(f"claims {clients} clients in {len(update)} bytes")
-    if clients:
-        structs, pos = _varuint(update, pos)
-        if structs > len(update) - pos:
-            raise InvalidUpdate(f"claims {structs} structs in {len(update)} bytes")
 
 
 def _json_number(text: str) -> Any:
@@ -435,7 +401,7 @@ class ReplicaDocument(ProvenanceIndex):
             raise InvalidUpdate(f"expected bytes, got {type(update).__name__}")
         if size_limit and len(update) > self.max_update:
             raise PayloadTooLarge("update", len(update), self.max_update)
-        _check_counts(update)
+        check_update_counts(update)
         if not trial_decode:
             return
         try:
