@@ -202,6 +202,9 @@ class LeaseMachine(RuleBasedStateMachine):
             r.acked = True
         elif not wait:
             m.reqs.remove(r)
+            # a re-attached request withdrawn here may have blocked later ones: they may now
+            # be granted (the engine runs its grant rule after the withdrawal)
+            m.grant()
             assert isinstance(err, LeaseHeld), err
             return
         assert err is None, err
