@@ -37,7 +37,7 @@ import logging
 import os
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Final, Literal
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -94,6 +94,10 @@ from ._tokens import (
 __all__ = ["HUB_AGENT", "SUBPROTOCOL", "Hub", "HubLimits"]
 
 log = logging.getLogger("sync.hub")
+
+#: A plain HTTP endpoint of the hub (``Hub.http_routes``): answers a request the hub got
+#: under ``/-/<name>/`` (a coroutine on the hub's event loop: it must not block).
+HttpRoute = Callable[["Hub", ServerConnection, HttpRequest], Awaitable[HttpResponse]]
 
 SUBPROTOCOL: Final = "crdtstore"
 
@@ -172,6 +176,8 @@ class Hub(_RunLoader):
         self._refused = weakref.WeakKeyDictionary()
         self._tg: TaskGroup | None = None
         self._stopping = anyio.Event()
+        # plain HTTP endpoints under /-/<name>/... (the viewer, metrics, health): name -> handler
+        self.http_routes: dict[str, HttpRoute] = {}
         _check_secret(secret)  # fail now, not at the first connection
         self._read_revoked_file(strict=True)  # an unreadable list: fail now, not serve without
 
@@ -315,10 +321,12 @@ class Hub(_RunLoader):
 
     # -- the HTTP upgrade -------------------------------------------------------------------------
 
-    def _process_request(
+    async def _process_request(
         self, connection: ServerConnection, request: HttpRequest
     ) -> HttpResponse | None:
         url = urlsplit(request.path)
+        if url.path.startswith("/-/"):
+            return await self._http(connection, request)
         parts = url.path.split("/")
         if len(parts) != 3 or not parts[1] or not parts[2]:
             return connection.respond(404, "expected a path /<tenant>/<run>\n")
@@ -348,6 +356,14 @@ class Hub(_RunLoader):
             return None
         self._auth[connection] = (claims, tenant, run)
         return None
+
+    async def _http(self, connection: ServerConnection, request: HttpRequest) -> HttpResponse:
+        """Answer a plain HTTP request under ``/-/<name>/`` with the route named ``name``."""
+        name = urlsplit(request.path).path.split("/")[2]
+        route = self.http_routes.get(name)
+        if route is None:
+            return connection.respond(404, f"no endpoint /-/{name}\n")
+        return await route(self, connection, request)
 
     # -- connections ------------------------------------------------------------------------------
 
