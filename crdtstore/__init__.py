@@ -61,6 +61,7 @@ from .record._collections import TextCollection as TextCollection
 from .record._guarded import Claim as Claim
 from .record._maps import KeepAllMap as KeepAllMap
 from .record._maps import MapCollection as MapCollection
+from .record._provenance import Writer as Writer
 from .record._record import Record as Record
 from .record._replay import tree_merge as tree_merge
 from .record._replica import Replica as Replica
@@ -120,6 +121,7 @@ __all__ = [
     "UnsupportedURL",
     "Version",
     "View",
+    "Writer",
     "check_effect",
     "open_store",
     "tree_merge",

@@ -282,6 +282,14 @@ class Store:
     def backend(self) -> JournalBackend:
         return self._backend
 
+    @property
+    def notifier(self) -> Notifier:
+        """The store's wake-ups: ``watch(tenant, run)`` gives a :class:`~crdtstore._notify.Watch`
+        that is set when the run's journal may have grown (a commit here or in another
+        process; the poll catches a lost wake-up), ``unwatch`` ends it,
+        ``others_listening()`` tells whether another process has the store open."""
+        return self._notifier
+
     # -- leases --
 
     @property

@@ -19,8 +19,8 @@ re-read when it changed (checked every ``HubLimits.revocation_poll``).
 An accepted connection speaks the y-protocols sync protocol (:class:`~sync.ServerSession`);
 its frames are handled in order, one at a time (so a response to a ``flush`` request
 acknowledges every update sent before it). Each update is applied and journaled through the
-run's record as the token's agent (:mod:`sync._hub_record`), then broadcast as is to every
-*other* connection of the run; awareness is relayed to every connection (echoed too, as
+run's record as the token's agent (``Record.apply_update(writer=...)``), then broadcast as is
+to every *other* connection of the run; awareness is relayed to every connection (echoed too, as
 y-websocket's server does). A read-only connection's writes are answered with
 permission-denied and never applied. A malformed frame closes that connection only (4400,
 4413 for a frame over the size limit, 4422 for update bytes the record refuses). Extension
@@ -28,7 +28,8 @@ requests (type 100) go to the op registry of :mod:`sync._ops`.
 
 Modules: ``_hub`` (this: serving, the upgrade, revocation, a connection's frames) ->
 ``_hub_runs`` (loaded runs, stores) -> ``_hub_conn`` (a connection's queue and limits),
-``_hub_record`` (attribution, group commit) -> ``_hub_limits``.
+``_hub_limits``. The run's record journals by a group commit on the event loop
+(``Record.commit_on_loop``, :mod:`crdtstore.record._loop_commit`).
 """
 
 from __future__ import annotations
@@ -66,9 +67,8 @@ from crdtstore import (
 from crdtstore._names import check_name
 
 from ._errors import CloseCode, ProtocolError
-from ._hub_conn import _MAX_REASON, _Conn
+from ._hub_conn import _CURRENT, _MAX_REASON, _Conn
 from ._hub_limits import HubLimits
-from ._hub_record import _CURRENT
 from ._hub_runs import _EMPTY_UPDATES, HUB_AGENT, _CheckingDocument, _RunLoader
 from ._messages import PermissionDenied, QueryAwareness, Request, Update, encode
 from ._ops import OpContext, dispatch
@@ -416,8 +416,9 @@ class Hub(_RunLoader):
                 if ws.subprotocol == SUBPROTOCOL:
                     conn.journal_client = True
                     room.retarget()
-                    room.rec.readers += 1
-                    room.rec._urge()  # it reads the journal: what is deferred is due now
+                    if room.commit is not None:
+                        room.commit.readers += 1
+                        room.commit.urge()  # it reads the journal: what is deferred is due now
                     tg.start_soon(push_heads, conn)
                     tg.start_soon(push_leases, conn)
                 else:
@@ -430,8 +431,8 @@ class Hub(_RunLoader):
                 tg.cancel_scope.cancel()
         finally:
             room.leave(conn)
-            if conn.journal_client:
-                room.rec.readers -= 1
+            if conn.journal_client and room.commit is not None:
+                room.commit.readers -= 1
             removal = conn.awareness_removal()
             if removal is not None:
                 room.broadcast(removal)
@@ -502,7 +503,8 @@ class Hub(_RunLoader):
         assert rec is not None
         token = _CURRENT.set(conn)
         try:
-            await rec._apply_checked(update)  # (the session's document checked the bytes)
+            # (the session's document checked the bytes already)
+            await rec.apply_update(update, writer=conn.writer, checked=True)
         except (PolicyViolation, BudgetExceeded) as exc:
             conn.send(encode(PermissionDenied(f"{exc.code}: {exc}")))
             conn.close(CloseCode.INVALID_UPDATE, f"{exc.code}: {exc}")
@@ -535,6 +537,6 @@ class Hub(_RunLoader):
             tenant=conn.room.tenant,
             run=conn.room.run,
             rec=rec,
-            store=rec._store,
+            store=rec.store,
         )
         conn.send(conn.session.respond(await dispatch(ctx, request)))

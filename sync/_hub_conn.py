@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Final
 
 import anyio
@@ -22,6 +23,8 @@ from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import Frame, Opcode
 from websockets.protocol import State
+
+from crdtstore import Writer
 
 from ._errors import CloseCode
 from ._hub_limits import HubLimits
@@ -32,11 +35,16 @@ from ._tokens import TokenClaims
 if TYPE_CHECKING:
     from ._hub_runs import _Room
 
-__all__ = ["_MAX_REASON", "_Conn", "_wire"]
+__all__ = ["_CURRENT", "_MAX_REASON", "_Conn", "_wire"]
 
 log = logging.getLogger("sync.hub")
 
 _MAX_REASON: Final = 120  # a close reason is at most 123 bytes of UTF-8
+
+# The connection whose frame the current task is applying to the run's record: the room
+# broadcasts what changes the document outside of one (other processes' writes, read from
+# the journal); a connection's own update is broadcast by its task, to the others.
+_CURRENT: ContextVar[_Conn | None] = ContextVar("sync_hub_connection", default=None)
 
 
 def _wire(frame: bytes) -> bytes:
@@ -61,6 +69,8 @@ class _Conn:
     ) -> None:
         self.ws = ws
         self.claims = claims
+        # whom its writes are journaled as: the token's agent and source, never the client's say
+        self.writer = Writer(claims.agent, claims.source)
         self.room = room
         self.session = session
         self.limits = limits

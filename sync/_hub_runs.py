@@ -21,12 +21,12 @@ import anyio
 from anyio.abc import TaskGroup, TaskStatus
 from websockets.protocol import State
 
-from crdtstore import PayloadTooLarge, Store, open_store
+from crdtstore import PayloadTooLarge, Record, Store, open_store
+from crdtstore.record import LoopCommit
 
 from ._document import ReplicaDocument
-from ._hub_conn import _wire
+from ._hub_conn import _CURRENT, _wire
 from ._hub_limits import HubLimits
-from ._hub_record import _CURRENT, _HubRecord
 from ._messages import Awareness, AwarenessEntry, Update, encode, encode_awareness_update
 from ._tokens import TokenClaims
 
@@ -66,7 +66,8 @@ class _Room:
     def __init__(self, tenant: str, run: str) -> None:
         self.tenant = tenant
         self.run = run
-        self.rec: _HubRecord | None = None
+        self.rec: Record | None = None
+        self.commit: LoopCommit | None = None  # the record's group commit on the loop
         self.conns: set[_Conn] = set()  # (changed through join and leave)
         self._targets: tuple[_Conn, ...] | None = None  # the conns broadcast goes to
         self.awareness: dict[int, AwarenessEntry] = {}
@@ -83,7 +84,7 @@ class _Room:
         self.size = 0
         self.reserved = 0
 
-    def attach(self, rec: _HubRecord, size: int) -> None:
+    def attach(self, rec: Record, size: int) -> None:
         self.rec = rec
         self.size = size
         self._subscription = rec.replica.doc.observe(self._on_transaction)
@@ -291,9 +292,9 @@ class _RunLoader:
                 try:
                     store = await self._store(tenant)
                     stored = True
-                    rec = _HubRecord(store, run, HUB_AGENT, "system", create=not claims.read_only)
+                    rec = Record(store, run, HUB_AGENT, "system", create=not claims.read_only)
                     await rec.start()
-                    rec.bind_loop(self.limits.journal_window)
+                    room.commit = rec.commit_on_loop(self.limits.journal_window)
                     size = len(rec.replica.doc.get_update())
                     limit = self.limits.max_document_bytes
                     if limit is not None and size > limit:

@@ -323,7 +323,7 @@ class _Link:
         lost."""
         journal = self.journal
         for rec in list(journal._attached.get(self.run, ())):
-            if rec._state != "open":
+            if not rec.is_open:
                 continue
             seq = rec.applied_seq
             crc = self.marks.get(seq)
@@ -336,7 +336,7 @@ class _Link:
                 for client, clock in decode_state_vector(bytes(doc.get_state())).items()
             )
             moved = crc is not None and hub["at_checksum"] != crc
-            if not (seq > hub["head"] or moved or (lacking and not rec._pending)):
+            if not (seq > hub["head"] or moved or (lacking and not rec.pending_writes)):
                 continue
             journal.losses += 1
             log.warning(
@@ -377,16 +377,11 @@ class _Link:
                 params["marks"] = cast(JsonValue, marks)
             hub = await self._state(params)
             target = hub["match"] if hub["match"] is not None and hub["match"] >= 0 else -1
-            while rec._txn_task is not None:  # never inside a local transaction
-                await rec._txn_idle.wait()
+            missing = None
             if target < 0:  # no entry in common that this link knows of
                 target = hub["applied"]
-                if hub["missing"] not in _EMPTY_UPDATES:
-                    rec.replica.apply_update(hub["missing"], trial_decode=False, size_limit=False)
-                    rec._invalidate_all()
-            if target < rec.applied_seq:
-                rec.applied_seq = target
-                rec._applied_foreign = {s for s in rec._applied_foreign if s <= target}
+                missing = hub["missing"]
+            if await rec.reset_position(target, missing=missing):
                 self.marks = {s: c for s, c in self.marks.items() if s <= target}
                 self.epoch += 1
 

@@ -109,7 +109,7 @@ from crdtstore._leases._engine import fence_error
 
 from ._document import ReplicaDocument
 from ._errors import ProtocolError
-from ._hub_record import _CURRENT
+from ._hub_conn import _CURRENT
 from ._messages import Push, Update, decode_state_vector, encode
 from ._ops import OpContext, op
 
@@ -333,15 +333,26 @@ async def _append(
     """Journal client entries as the token's agent (one transaction), each with its call id;
     send what the hub's record took in to the plain Yjs connections of the run."""
     rec = ctx.rec
+    room = ctx.conn.room
     before = rec.applied_seq
+    # held to the run's document size limit as a plain Yjs client's updates are (refused:
+    # PayloadTooLarge, as an error response; nothing applied or journaled)
+    limit = ctx.conn.limits.max_document_bytes
+    reserved = 0
     token = _CURRENT.set(ctx.conn)
     try:
-        seqs = await rec._append_externals(
-            updates, client_id=client_id, calls=calls if any(calls) else None, **guards
+        for update in updates:  # (the record refuses what is not bytes)
+            reserved += room.reserve(len(update) if isinstance(update, bytes) else 0, limit)
+        seqs = await rec.append_updates(
+            updates,
+            client_id=client_id,
+            writer=ctx.conn.writer,
+            calls=calls if any(calls) else None,
+            **guards,
         )
     finally:
         _CURRENT.reset(token)
-    room = ctx.conn.room
+        room.release(reserved)
     fresh = {s for s in seqs if s > before}
     if rec.applied_seq - before > len(fresh):
         # entries of other processes that the append applied first, with the connection's
@@ -487,9 +498,9 @@ async def _lead(conn: _Conn, state: _RunPushes) -> None:
     wrong."""
     rec = conn.room.rec
     assert rec is not None
-    store, tenant, run = rec._store, conn.room.tenant, conn.room.run
+    store, tenant, run = rec.store, conn.room.tenant, conn.room.run
     backend = store.backend
-    watch = store._notifier.watch(tenant, run)
+    watch = store.notifier.watch(tenant, run)
     try:
         while True:
             event = watch.event
@@ -516,7 +527,7 @@ async def _lead(conn: _Conn, state: _RunPushes) -> None:
                 await event.wait()
                 event = watch.event  # announced what was pushed already: wait again
     finally:
-        store._notifier.unwatch(tenant, run)
+        store.notifier.unwatch(tenant, run)
 
 
 async def _push_new(backend: Any, tenant: str, run: str, state: _RunPushes) -> None:
@@ -566,7 +577,7 @@ async def push_leases(conn: _Conn) -> None:
 
     rec = conn.room.rec
     assert rec is not None
-    notifier, tenant = rec._store._notifier, conn.room.tenant
+    notifier, tenant = rec.store.notifier, conn.room.tenant
     watch = notifier.watch(WAKE_KEY, tenant, polled=False)
     try:
         while True:

@@ -344,21 +344,21 @@ def _update(key: str) -> bytes:
 
 
 async def test_external_appends_carry_their_call_ids_on_both_paths(url: str) -> None:
-    """``Record._append_externals`` (what the hub journals a client's entries with): the fast
+    """``Record.append_updates`` (what the hub journals a client's entries with): the fast
     path (unguarded, as the record's own pending entries) and the authority path."""
     async with crdtstore.open_store(url) as store, store.open_record("r", "hub", "system") as rec:
         await rec.map("m").set("seed", 0)  # (registers the map: effects name its keys)
-        fast = await rec._append_externals(
+        fast = await rec.append_updates(
             [_update("f1"), _update("f2")], client_id=77, durable=False, calls=["c-f1", ""]
         )
-        slow = await rec._append_externals(
+        slow = await rec.append_updates(
             [_update("s1"), _update("s2")], client_id=77, durable=True, calls=["", "c-s2"]
         )
         assert rec.fast_appends == 1 and len(fast + slow) == 4
         with pytest.raises(InvalidValue):
-            await rec._append_externals([_update("x")], client_id=77, calls=["a", "b"])
+            await rec.append_updates([_update("x")], client_id=77, calls=["a", "b"])
         with pytest.raises(InvalidValue):
-            await rec._append_externals([_update("y")], client_id=77, calls=["\x00"])
+            await rec.append_updates([_update("y")], client_id=77, calls=["\x00"])
         assert "x" not in rec.map("m") and "y" not in rec.map("m")
         await rec.flush()
         got = [(e.effect[0][3], e.client_id, e.call) for e in await store.journal("r")]

@@ -184,6 +184,7 @@ RECORD_LAYERS = [
     "_guarded",
     "_pipeline",
     "_journal_link",
+    "_loop_commit",
     "_changes",
     "_policies",
     "_state",

@@ -32,6 +32,7 @@ from crdtstore import (
     BudgetExceeded,
     CollectionSpec,
     PolicyViolation,
+    Record,
     StaleVersion,
     Store,
     open_store,
@@ -39,7 +40,6 @@ from crdtstore import (
 from crdtstore._backends.sqlite import SQLiteJournal, _SQLiteAuthority
 from crdtstore._replica import REGISTRY
 from sync._client import WsJournal
-from sync._hub_record import _HubRecord
 from tests.test_sync_client import RUN, TENANT, journal, running_hub, token, until, ws_record
 
 pytestmark = pytest.mark.anyio
@@ -84,13 +84,13 @@ class Counts:
 @contextlib.asynccontextmanager
 async def hub_record(
     path: Path, schema: dict[str, CollectionSpec] | None = None
-) -> AsyncIterator[tuple[Store, _HubRecord]]:
+) -> AsyncIterator[tuple[Store, Record]]:
     """A started hub record journaling on the loop (as the hub opens one), and its store."""
     async with open_store(f"sqlite:///{path / 'store.db'}", tenant="t") as store:
-        rec = _HubRecord(store, "r", "hub", "system", schema=schema)
+        rec = Record(store, "r", "hub", "system", schema=schema)
         await rec.start()
         try:
-            rec.bind_loop()
+            rec.commit_on_loop()
             with anyio.fail_after(DEADLINE):  # (else its first round may take what is queued)
                 while not rec._committer_idle:
                     await anyio.lowlevel.checkpoint()
@@ -131,11 +131,17 @@ def flaky_journal(monkeypatch: pytest.MonkeyPatch) -> dict[str, bool]:
     return switch
 
 
-def notes(rec: _HubRecord) -> dict[str, Any]:
+def notes(rec: Record) -> dict[str, Any]:
     return dict(rec.replica.doc.get("notes", type=Map).items())
 
 
 # -- record level (both backends) -----------------------------------------------------------
+
+
+def group_commits(rec: Record) -> int:
+    """Commits the record's group commit on the loop made."""
+    assert rec.commit_policy is not None
+    return rec.commit_policy.group_commits
 
 
 async def test_unguarded_appends_take_no_authority_transaction(
@@ -145,12 +151,12 @@ async def test_unguarded_appends_take_no_authority_transaction(
         assert isinstance(store.backend, SQLiteJournal)
         counts = Counts(store.backend, monkeypatch)
         w = Writer(77)
-        commits = rec.group_commits
+        commits = group_commits(rec)
         batch = [w.set(f"k{i}", i) for i in range(3)]
-        seqs = await rec._append_externals(batch, client_id=77, durable=False)
+        seqs = await rec.append_updates(batch, client_id=77, durable=False)
         assert seqs == [1, 2, 3]
         assert counts.authority == 0 and rec.fast_appends == 1
-        assert rec.group_commits == commits + 1  # the three in one group commit
+        assert group_commits(rec) == commits + 1  # the three in one group commit
         entries = await store.journal("r")
         assert [(e.seq, e.client_id, e.agent) for e in entries] == [(s, 77, "hub") for s in seqs]
         assert [e.effect[0][3] for e in entries] == ["k0", "k1", "k2"]
@@ -160,18 +166,18 @@ async def test_unguarded_appends_take_no_authority_transaction(
 
         # guarded: the authority path, as before
         update = w.set("k0", "again")
-        (seq,) = await rec._append_externals(
+        (seq,) = await rec.append_updates(
             [update], client_id=77, durable=False, expected=("notes", "k0", 1)
         )
         assert seq == 4 and counts.authority == 1
         with pytest.raises(StaleVersion):
-            await rec._append_external(
+            await rec.append_update(
                 w.set("k1", "x"), client_id=77, durable=False, expected=("notes", "k1", 0)
             )
         assert counts.authority == 2 and notes(rec)["k1"] == 1  # refused: nothing applied
         # a durable append to a batched record: the authority path (durable commit)
         w2 = Writer(78)
-        assert await rec._append_external(w2.set("d", 1), client_id=78, durable=True) == 5
+        assert await rec.append_update(w2.set("d", 1), client_id=78, durable=True) == 5
         assert counts.authority == 3 and rec.fast_appends == 1
         assert [e.client_id for e in await store.journal("r")][-1] == 78
 
@@ -184,15 +190,15 @@ async def test_a_retried_append_journals_nothing_twice(
         counts = Counts(store.backend, monkeypatch)
         w = Writer(5)
         first = [w.set("a", 1), w.set("b", 2)]
-        assert await rec._append_externals(first, client_id=5, durable=False) == [1, 2]
+        assert await rec.append_updates(first, client_id=5, durable=False) == [1, 2]
         # the answer was lost: the same bytes again, then with a new entry after them
-        assert await rec._append_externals(first, client_id=5, durable=False) == [1, 2]
+        assert await rec.append_updates(first, client_id=5, durable=False) == [1, 2]
         assert counts.authority == 1  # the retry looked its entries up
         more = [*first, w.set("c", 3)]
-        assert await rec._append_externals(more, client_id=5, durable=False) == [1, 2, 3]
+        assert await rec.append_updates(more, client_id=5, durable=False) == [1, 2, 3]
         # a new entry first, then a retried one: the new one is queued, the retry looks up
         fresh = w.set("d", 4)
-        assert await rec._append_externals([fresh, first[1]], client_id=5, durable=False) == [
+        assert await rec.append_updates([fresh, first[1]], client_id=5, durable=False) == [
             4,
             2,
         ]
@@ -213,28 +219,26 @@ async def test_a_refused_effect_changes_nothing_and_raises_the_typed_error(
         assert isinstance(store.backend, SQLiteJournal)
         counts = Counts(store.backend, monkeypatch)
         w = Writer(9)
-        assert await rec._append_externals([w.set("a", 1)], client_id=9, durable=False) == [1]
+        assert await rec.append_updates([w.set("a", 1)], client_id=9, durable=False) == [1]
         before = rec.replica.doc.get_state()
         # three entries in one append, the third over the budget: none of them is applied
         batch = [w.set("b", 2), w.set("c", 3)]
         with pytest.raises(BudgetExceeded) as exc:
-            await rec._append_externals(batch, client_id=9, durable=False)
+            await rec.append_updates(batch, client_id=9, durable=False)
         assert exc.value.code == "BUDGET_EXCEEDED"
         locked: Doc[Any] = Doc(client_id=10)
         before_locked = locked.get_state()
         locked.get(REGISTRY, type=Map)["locked"] = "map"
         locked.get("locked", type=Map)["x"] = 1
         with pytest.raises(PolicyViolation) as pexc:
-            await rec._append_external(
-                locked.get_update(before_locked), client_id=10, durable=False
-            )
+            await rec.append_update(locked.get_update(before_locked), client_id=10, durable=False)
         assert pexc.value.code == "POLICY_VIOLATION"
         assert rec.replica.doc.get_state() == before and notes(rec) == {"a": 1}
         assert not rec._pending and not rec._fast and counts.authority == 0
         await rec.flush()
         assert [e.seq for e in await store.journal("r")] == [1]
         # within the budget again: taken
-        assert await rec._append_externals(batch[:1], client_id=9, durable=False) == [2]
+        assert await rec.append_updates(batch[:1], client_id=9, durable=False) == [2]
 
 
 async def test_a_failing_commit_answers_backend_and_a_retry_journals_each_entry_once(
@@ -243,21 +247,21 @@ async def test_a_failing_commit_answers_backend_and_a_retry_journals_each_entry_
     switch = flaky_journal(monkeypatch)
     async with hub_record(tmp_path) as (store, rec):
         w = Writer(3)
-        assert await rec._append_externals([w.set("a", 0)], client_id=3, durable=False) == [1]
+        assert await rec.append_updates([w.set("a", 0)], client_id=3, durable=False) == [1]
         switch["on"] = True
         batch = [w.set(f"k{i}", i) for i in range(3)]
         with anyio.fail_after(DEADLINE), pytest.raises(BackendError) as exc:
-            await rec._append_externals(batch, client_id=3, durable=False)
+            await rec.append_updates(batch, client_id=3, durable=False)
         assert exc.value.code == "BACKEND"
         assert [e.seq for e in await store.journal("r")] == [1]  # nothing acknowledged
         # the client retries while the journal still fails: the same error, nothing twice
         with anyio.fail_after(DEADLINE), pytest.raises(BackendError):
-            await rec._append_externals(batch, client_id=3, durable=False)
+            await rec.append_updates(batch, client_id=3, durable=False)
         switch["on"] = False
         with anyio.fail_after(DEADLINE):
             while rec._failure is not None:  # the committer's retry, on its backoff
                 await rec._commit_wait()
-            seqs = await rec._append_externals(batch, client_id=3, durable=False)
+            seqs = await rec.append_updates(batch, client_id=3, durable=False)
         assert seqs == [2, 3, 4]
         await rec.flush()
         entries = await store.journal("r")
@@ -296,7 +300,7 @@ def test_concurrent_writers_entries_keep_their_order(
                     if guarded:
                         update = w.set(f"w{n}-{i}", i)
                         got.append(
-                            await rec._append_external(
+                            await rec.append_update(
                                 update,
                                 client_id=cid,
                                 durable=False,
@@ -309,7 +313,7 @@ def test_concurrent_writers_entries_keep_their_order(
                     for _ in range(size):
                         batch.append(w.set(f"w{n}-{i}", i))
                         i += 1
-                    got.extend(await rec._append_externals(batch, client_id=cid, durable=False))
+                    got.extend(await rec.append_updates(batch, client_id=cid, durable=False))
 
             with anyio.fail_after(DEADLINE):
                 async with anyio.create_task_group() as tg:

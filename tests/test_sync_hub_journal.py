@@ -1,4 +1,4 @@
-"""The hub's journaling on the event loop (``sync._hub_record._HubRecord``): the updates applied in
+"""The hub's journaling on the event loop (``Record.commit_on_loop``): the updates applied in
 one iteration of the loop are appended in one commit, without the record's committer task;
 nothing is acknowledged (``flush``) before its commit, and a failing commit acknowledges
 nothing, the committer then retrying until the journal takes every entry once, in order.
@@ -21,12 +21,11 @@ import pytest
 from pycrdt import Doc, Map
 from websockets.asyncio.client import connect
 
-from crdtstore import BackendError, RunClosed, Store, open_store
+from crdtstore import BackendError, Record, RunClosed, Store, open_store
 from crdtstore._backends.sqlite import SQLiteJournal
 from crdtstore._journal import NewEntry, checksum
 from sync import ClientSession, PycrdtDocument, Response, TokenClaims, Update, encode, mint
 from sync._hub import Hub
-from sync._hub_record import _HubRecord
 
 pytestmark = pytest.mark.anyio
 
@@ -76,15 +75,15 @@ class Spy:
 @contextlib.asynccontextmanager
 async def hub_record(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[tuple[Store, _HubRecord, Spy]]:
+) -> AsyncIterator[tuple[Store, Record, Spy]]:
     """A started hub record journaling on the loop, its store and a spy on its appends."""
     async with open_store(f"sqlite:///{tmp_path / 'store.db'}", tenant="t") as store:
-        rec = _HubRecord(store, "r", "hub", "system")
+        rec = Record(store, "r", "hub", "system")
         await rec.start()
         try:
             assert isinstance(store.backend, SQLiteJournal)
             spy = Spy(store.backend, monkeypatch)
-            rec.bind_loop()  # (takes the backend's append_now: the spy)
+            rec.commit_on_loop()  # (takes the backend's append_now: the spy)
             with anyio.fail_after(DEADLINE):  # (else its first round may take what is queued)
                 while not rec._committer_idle:
                     await anyio.lowlevel.checkpoint()
@@ -93,7 +92,13 @@ async def hub_record(
             await rec.aclose()
 
 
-async def wait_committed(rec: _HubRecord) -> None:
+def group_commits(rec: Record) -> int:
+    """Commits the record's group commit on the loop made."""
+    assert rec.commit_policy is not None
+    return rec.commit_policy.group_commits
+
+
+async def wait_committed(rec: Record) -> None:
     """Wait until everything written through ``rec`` is journaled (riding out failures)."""
     with anyio.fail_after(DEADLINE):
         while rec._committed < rec._written:
@@ -107,11 +112,11 @@ async def test_updates_applied_in_one_loop_iteration_are_journaled_in_one_commit
         batch = updates(5)
         for update in batch:  # none of these awaits suspends: one iteration of the loop
             rec.replica.check_update(update)
-            await rec._apply_checked(update)
+            await rec.apply_update(update, checked=True)
         assert rec._committed == 0 and spy.now == []  # not journaled before the iteration ends
         await rec.flush()
         # one commit of the five, made by the group commit, not by the committer
-        assert (spy.now, spy.committer, rec.group_commits) == ([5], [], 1)
+        assert (spy.now, spy.committer, group_commits(rec)) == ([5], [], 1)
         journal = await store.journal("r")
         assert [e.seq for e in journal] == [1, 2, 3, 4, 5]
         assert [e.effect[0][3] for e in journal] == [f"k{i}" for i in range(5)]
@@ -120,7 +125,7 @@ async def test_updates_applied_in_one_loop_iteration_are_journaled_in_one_commit
         more = updates(8)[5:]
         for update in more:
             rec.replica.check_update(update)
-            await rec._apply_checked(update)
+            await rec.apply_update(update, checked=True)
         await rec.flush()
         assert spy.now == [5, 3] and spy.committer == []
         assert [e.seq for e in await store.journal("r")] == list(range(1, 9))
@@ -142,7 +147,7 @@ async def test_a_failing_commit_acknowledges_nothing_and_the_committer_retries(
         batch = updates(4)
         for update in batch:
             rec.replica.check_update(update)
-            await rec._apply_checked(update)
+            await rec.apply_update(update, checked=True)
         with anyio.fail_after(DEADLINE), pytest.raises(BackendError):
             await rec.flush()  # the committer's append failed too: reported, not acknowledged
         assert spy.now == [4] and spy.committer  # the group commit failed, then the committer
@@ -169,7 +174,7 @@ async def test_a_held_write_lock_leaves_the_entries_to_the_committer(
             other.execute("BEGIN IMMEDIATE")  # another process's writer holds the lock
             update = updates(1)[0]
             rec.replica.check_update(update)
-            await rec._apply_checked(update)
+            await rec.apply_update(update, checked=True)
             with anyio.fail_after(DEADLINE):
                 while not spy.committer:  # the group commit gave up at once, then this
                     await anyio.lowlevel.checkpoint()
@@ -186,16 +191,16 @@ async def test_a_durable_hub_record_leaves_journaling_to_the_committer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async with open_store(f"sqlite:///{tmp_path / 'store.db'}", tenant="t") as store:
-        rec = _HubRecord(store, "r", "hub", "system", durability="durable")
+        rec = Record(store, "r", "hub", "system", durability="durable")
         await rec.start()
         try:
-            rec.bind_loop()
+            rec.commit_on_loop()
             assert isinstance(store.backend, SQLiteJournal)
             spy = Spy(store.backend, monkeypatch)
             update = updates(1)[0]
             rec.replica.check_update(update)
             with anyio.fail_after(DEADLINE):
-                await rec._apply_checked(update)  # durable: returns once journaled
+                await rec.apply_update(update, checked=True)  # durable: returns once journaled
             assert spy.now == [] and spy.committer == [1]
         finally:
             await rec.aclose()
@@ -206,15 +211,15 @@ async def test_automatic_compaction_starts_from_the_group_commit(tmp_path: Path)
     compaction it starts (``Store.auto_compact``) must run all the same."""
     url = f"sqlite:///{tmp_path / 'store.db'}"
     async with open_store(url, tenant="t", auto_compact=4) as store:
-        rec = _HubRecord(store, "r", "hub", "system")
+        rec = Record(store, "r", "hub", "system")
         await rec.start()
         try:
-            rec.bind_loop()
+            rec.commit_on_loop()
             for update in updates(12):
                 rec.replica.check_update(update)
-                await rec._apply_checked(update)
+                await rec.apply_update(update, checked=True)
                 await rec.flush()
-            assert rec.group_commits > 0
+            assert group_commits(rec) > 0
             with anyio.fail_after(DEADLINE):
                 while (await store.run_info("r")).snapshot_seq == 0:
                     await anyio.lowlevel.checkpoint()

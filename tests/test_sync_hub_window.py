@@ -1,6 +1,6 @@
 """The hub's journal window (``HubLimits.journal_window``) and its broadcast of shared frames.
 
-- **Window.** A run's record (``sync._hub_record._HubRecord``) group-commits the updates of
+- **Window.** A run's record (``Record.commit_on_loop``) group-commits the updates of
   plain Yjs clients at most once per window while nobody waits for a commit: the first update
   after a quiet period is committed in the iteration that applied it, the next ones within the
   window share the next commit. A ``flush``, a connected ``ws://`` client (it reads the journal),
@@ -44,8 +44,8 @@ from websockets.protocol import State
 
 from crdtstore import InvalidValue, open_store
 from crdtstore.cli import app
+from crdtstore.record import LoopCommit
 from sync import CloseCode, HubLimits, SyncStep1, Update, decode, encode
-from sync._hub_record import _HubRecord
 from sync._hub_runs import _Room
 from tests._wait import elapsed
 from tests.test_sync_hub import RUN, TENANT, HubUnderTest, Peer, peer_at, running_hub, token
@@ -108,14 +108,14 @@ async def until_journaled(hub: HubUnderTest, keys: set[str], deadline: float = D
     return await elapsed(journaled, f"{sorted(keys)} journaled", deadline)
 
 
-def room_record(hub: HubUnderTest) -> _HubRecord:
+def room_record(hub: HubUnderTest) -> LoopCommit:
     room = hub.hub._rooms[(TENANT, RUN)]
     assert isinstance(room, _Room) and room.rec is not None
-    assert isinstance(room.rec, _HubRecord)
-    return room.rec
+    assert isinstance(room.commit, LoopCommit)
+    return room.commit
 
 
-async def open_window(hub: HubUnderTest, alice: Peer) -> _HubRecord:
+async def open_window(hub: HubUnderTest, alice: Peer) -> LoopCommit:
     """``alice`` sets ``k0``, which is journaled at once and opens a window; the run's
     record."""
     rec = room_record(hub)
@@ -144,12 +144,13 @@ async def test_the_record_defers_within_a_window_on_asyncio_and_commits_each_ite
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, anyio_backend: str
 ) -> None:
     async with hub_record(tmp_path, monkeypatch) as (store, rec, spy):
-        rec.bind_loop(WINDOW)
+        commit = rec.commit_on_loop(WINDOW)
+        assert commit is not None
         batch = updates(6)
 
         async def apply(update: bytes) -> None:
             rec.replica.check_update(update)
-            await rec._apply_checked(update)
+            await rec.apply_update(update, checked=True)
 
         async def committed(n: int) -> None:  # within a few iterations, not at the window
             with anyio.fail_after(AT_ONCE):
@@ -169,7 +170,7 @@ async def test_the_record_defers_within_a_window_on_asyncio_and_commits_each_ite
                 await rec.flush()  # urges the deferred commit
             assert spy.now == [1, 3]
 
-            rec.journal_window = 0.2  # now let the timer end the window
+            commit.journal_window = 0.2  # now let the timer end the window
             start = time.monotonic()
             await apply(batch[4])
             await apply(batch[5])
@@ -324,7 +325,7 @@ async def test_the_last_client_leaving_journals_the_deferred_batch(tmp_path: Pat
             start = time.monotonic()
         await hub.wait_unloaded()  # the record is closed, flushing the batch
         assert time.monotonic() - start < AT_ONCE  # not at the window's end
-        assert rec._committed == 4
+        assert rec._rec._committed == 4
         entries = await hub.journal()
         assert journaled_keys(entries) == ["k0", "k1", "k2", "k3"]
         assert [e.seq for e in entries] == [1, 2, 3, 4]

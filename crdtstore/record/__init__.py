@@ -10,7 +10,8 @@ tests/test_import_graph.py) and crdtstore's lower layers (``_journal``, ``_seman
       _foreign        foreign writes: apply_update, a ws:// client's appends (the hub's)
       _guarded        guarded, fenced, claimed writes; Claim
       _pipeline       the write pipeline: _stage -> _enqueue; transaction(), attributed()
-      _journal_link   loading, the committer and the tail; flush(), sync()
+      _journal_link   loading, the committer and the tail; flush(), sync(), commit_on_loop()
+      _loop_commit    LoopCommit: the group commit on the event loop (a hub's commit policy)
       _changes        change streams and versions
       _policies       write policies and budgets
       _state          every attribute of a record, set in one place
@@ -24,8 +25,10 @@ tests/test_import_graph.py) and crdtstore's lower layers (``_journal``, ``_seman
     _textdiff       text_diff, apply_text_edits (pure)
 
 Base classes, not components: a record's state stays one object, so the hot path reads it
-without indirection, and sync's ``_HubRecord`` subclass keeps working until it moves to
-named extension points.
+without indirection. A process that journals other writers through one record (sync's
+hub) does so through named extension points, not a subclass: ``apply_update(writer=...)``
+and ``append_updates(...)`` (:mod:`._foreign`), ``commit_on_loop()`` (:mod:`._loop_commit`),
+``reset_position()`` (:mod:`._journal_link`) and ``Store.notifier``.
 """
 
 from ._changes import ChangeStream as ChangeStream
@@ -33,8 +36,10 @@ from ._collections import CollectionHost as CollectionHost
 from ._collections import ListCollection as ListCollection
 from ._collections import TextCollection as TextCollection
 from ._guarded import Claim as Claim
+from ._loop_commit import LoopCommit as LoopCommit
 from ._maps import KeepAllMap as KeepAllMap
 from ._maps import MapCollection as MapCollection
+from ._provenance import Writer as Writer
 from ._record import Record as Record
 from ._replay import BulkLoad as BulkLoad
 from ._replay import tree_merge as tree_merge
@@ -48,6 +53,7 @@ __all__ = [
     "Claim",
     "CollectionHost",
     "KeepAllMap",
+    "LoopCommit",
     "ListCollection",
     "MapCollection",
     "Record",
@@ -55,5 +61,6 @@ __all__ = [
     "ScopedMap",
     "TextCollection",
     "View",
+    "Writer",
     "tree_merge",
 ]

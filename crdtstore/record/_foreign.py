@@ -2,9 +2,12 @@
 
 :meth:`ForeignWrites.apply_update` merges bytes made by another Yjs or pycrdt document, with
 their effect (:meth:`~._replica.Replica.apply_external`) checked against the run's policies
-first. :meth:`ForeignWrites._append_externals` is the hub's: it journals a ``ws://`` client's
-updates labelled with that client's id, guarded ones inside an authority transaction
-(``_append_slow``), unguarded ones through the record's own group commit (``_append_fast``).
+first. :meth:`ForeignWrites.append_updates` is what a hub uses for a ``ws://`` client: it
+journals the client's updates labelled with its id, guarded ones inside an authority
+transaction (``_append_slow``), unguarded ones through the record's own commit
+(``_append_fast``). Both take the :class:`~._provenance.Writer` to attribute the bytes to
+(the hub passes the token's), so one record journals many writers without changing its own
+identity.
 """
 
 from __future__ import annotations
@@ -16,12 +19,12 @@ from time import time as _time
 from pycrdt import merge_updates
 
 from .._errors import InvalidValue, StaleVersion, StoreClosed
-from .._journal import Authority, NewEntry, Op, check_call, checksum
+from .._journal import SOURCES, Authority, NewEntry, Op, check_call, checksum
 from .._names import check_name
 from ._document import _EMPTY_UPDATES
 from ._effects import policed
 from ._guarded import GuardedWrites
-from ._provenance import Meta, now
+from ._provenance import Meta, Writer, now
 
 _DUPLICATE_WINDOW = 1_000  # entries searched for a retried external append
 
@@ -36,12 +39,23 @@ class _FastAppend:
         self.left = 0  # entries queued and not committed yet
 
 
+def check_writer(writer: Writer) -> None:
+    """Refuse a :class:`Writer` whose agent is not a name or whose source is not a kind."""
+    if not isinstance(writer, tuple) or len(writer) != 2:
+        raise InvalidValue(f"writer must be a Writer(agent, source), not {writer!r}")
+    check_name("agent", writer[0])
+    if writer[1] not in SOURCES:
+        raise InvalidValue(f"source must be one of {sorted(SOURCES)}, not {writer[1]!r}")
+
+
 class ForeignWrites(GuardedWrites):
     """Foreign writes of a record (see the module docstring)."""
 
-    async def apply_update(self, update: bytes) -> None:
+    async def apply_update(
+        self, update: bytes, *, writer: Writer | None = None, checked: bool = False
+    ) -> None:
         """Merge update bytes made elsewhere (another Yjs/pycrdt document) into the record,
-        journaled as a write of this record's agent.
+        journaled as a write of this record's agent (or of ``writer``).
 
         The update is journaled (merged with what the document integrated from it) with its
         effect: every map set it carries that the document did not hold, a set that lost LWW
@@ -52,29 +66,36 @@ class ForeignWrites(GuardedWrites):
         client's ``doc.getMap("notes")``) are registered with the kind their items show, in
         the same journaled entry (see :meth:`Replica.apply_external`). When the run declares
         policies or budgets, the update is first tried on a scratch copy and its effect
-        checked against them.
+        checked against them (the owner policy as ``writer``'s agent).
+
+        Args:
+            writer: whom the entry and the provenance of what it wrote name (None: this
+                record's agent and source, or an :meth:`attributed` block's).
+            checked: the bytes passed ``rec.replica.check_update`` already (a hub's session
+                checks an update as it arrives): they are not decoded twice.
 
         Raises:
             InvalidUpdate: bytes that do not decode as a v1 update (nothing changes).
             PayloadTooLarge: larger than the store's ``max_update`` (nothing changes).
             PolicyViolation, BudgetExceeded: the update's effect is refused (nothing changes).
             ReadOnlyAccess: the store has read-only access to the run (nothing changes).
+            InvalidName, InvalidValue: a bad ``writer`` (nothing changes).
         """
         self._check_writable()
-        self.replica.check_update(update)
-        await self._apply_checked(update)
-
-    async def _apply_checked(self, update: bytes) -> None:
-        """:meth:`apply_update` of bytes that passed ``self.replica.check_update`` already
-        (the hub's session checks an update as it arrives: it is not checked again)."""
-        self._check_writable()
+        if writer is not None:
+            check_writer(writer)
+        if not checked:
+            self.replica.check_update(update)
         while self._txn_task is not None:
             await self._txn_idle.wait()
+        agent = None if writer is None else writer.agent
         if self._enforcing():
             scratch = self.replica.trial_copy()
             ops = policed(scratch.apply_external(update, register=True, checked=True)[0])
-            self._enforce(ops, conditional=False)
+            self._enforce(ops, conditional=False, agent=agent)
         meta = self._new_meta(now())
+        if writer is not None:
+            meta = meta._replace(agent=writer.agent, source=writer.source)
         self._invalidate_all()
         ops, delta = self.replica.apply_external(update, meta, register=True, checked=True)
         # Journal what was given, not only the delta the document reports: pycrdt integrates
@@ -86,21 +107,23 @@ class ForeignWrites(GuardedWrites):
             self._enqueue(update, ops, meta)
         await self._after_write()
 
-    async def _append_external(
+    async def append_update(
         self,
         update: bytes,
         *,
         client_id: int,
+        writer: Writer | None = None,
         durable: bool = True,
         expected: tuple[str, str, int] | None = None,
         based_on: tuple[str, int] | None = None,
         fence: tuple[str, int, str] | None = None,
         call: str = "",
     ) -> int:
-        """:meth:`_append_externals` of one update: its journal position."""
-        (seq,) = await self._append_externals(
+        """:meth:`append_updates` of one update: its journal position."""
+        (seq,) = await self.append_updates(
             [update],
             client_id=client_id,
+            writer=writer,
             durable=durable,
             expected=expected,
             based_on=based_on,
@@ -109,11 +132,12 @@ class ForeignWrites(GuardedWrites):
         )
         return seq
 
-    async def _append_externals(
+    async def append_updates(
         self,
         updates: Sequence[bytes],
         *,
         client_id: int,
+        writer: Writer | None = None,
         durable: bool = True,
         expected: tuple[str, str, int] | None = None,
         based_on: tuple[str, int] | None = None,
@@ -121,10 +145,10 @@ class ForeignWrites(GuardedWrites):
         calls: Sequence[str] | None = None,
     ) -> _List[int]:
         """Apply and journal update bytes made by another writer (a ``ws://`` client whose
-        entries the hub journals), one entry each, as this record's agent; return their
-        journal positions. ``calls`` (one per update, or None) are the tool-call ids the
-        entries carry (the writer's say-so: a label, as ``client_id``; checked with
-        :func:`~crdtstore._journal.check_call`).
+        entries the hub journals), one entry each, as ``writer`` (None: this record's agent
+        and source); return their journal positions. ``calls`` (one per update, or None)
+        are the tool-call ids the entries carry (the writer's say-so: a label, as
+        ``client_id``; checked with :func:`~crdtstore._journal.check_call`).
 
         Like :meth:`_write_guarded`, inside one authority transaction: our pending entries
         go first, entries not seen yet are applied, then the guards are checked
@@ -153,6 +177,8 @@ class ForeignWrites(GuardedWrites):
                 the append journals nothing twice).
         """
         self._check_open()
+        if writer is not None:
+            check_writer(writer)
         if calls is not None:
             if len(calls) != len(updates):
                 raise InvalidValue(f"{len(calls)} call ids for {len(updates)} updates")
@@ -163,7 +189,7 @@ class ForeignWrites(GuardedWrites):
         for update in updates:
             self.replica.check_update(update)
         if expected is None and based_on is None and fence is None:
-            fast = await self._append_fast(updates, client_id, durable, calls)
+            fast = await self._append_fast(updates, client_id, durable, calls, writer)
             if fast is not None:
                 return fast
         return await self._append_slow(
@@ -174,6 +200,7 @@ class ForeignWrites(GuardedWrites):
             based_on=based_on,
             fence=fence,
             calls=calls,
+            writer=writer,
         )
 
     async def _append_fast(
@@ -182,8 +209,9 @@ class ForeignWrites(GuardedWrites):
         client_id: int,
         durable: bool,
         calls: Sequence[str] | None = None,
+        writer: Writer | None = None,
     ) -> _List[int] | None:
-        """An unguarded :meth:`_append_externals` as a local write: None if it cannot be
+        """An unguarded :meth:`append_updates` as a local write: None if it cannot be
         taken (nothing done then; the caller takes the authority path).
 
         As :meth:`_apply_checked` writes: the effects are checked against the run's policies
@@ -205,12 +233,13 @@ class ForeignWrites(GuardedWrites):
             or self._state != "open"
         ):
             return None
+        agent, source = (self.agent, self.source) if writer is None else writer
         if self._enforcing():
             scratch = self.replica.trial_copy()
             try:
                 for update in updates:  # in order, each on top of the ones before
                     ops = policed(scratch.apply_external(update, checked=True)[0])
-                    self._account(self._enforce(ops, conditional=False))
+                    self._account(self._enforce(ops, conditional=False, agent=agent))
             finally:
                 self._invalidate_all()  # budgets are measured again from the document
         wait = _FastAppend(len(updates))
@@ -220,7 +249,7 @@ class ForeignWrites(GuardedWrites):
                 wait.seqs[i] = 0
                 continue
             call = "" if calls is None else calls[i]
-            meta = Meta(self.agent, self.source, _time(), None, self._origin, call)
+            meta = Meta(agent, source, _time(), None, self._origin, call)
             before = self.replica.doc.get_state()
             self._invalidate_all()
             ops, delta = self.replica.apply_external(update, meta, checked=True)
@@ -232,6 +261,7 @@ class ForeignWrites(GuardedWrites):
                     client_id=client_id,
                     durable=durable,
                     calls=None if calls is None else calls[i:],
+                    writer=writer,
                 )
                 del wait.seqs[i:]
                 break
@@ -258,8 +288,10 @@ class ForeignWrites(GuardedWrites):
         based_on: tuple[str, int] | None = None,
         fence: tuple[str, int, str] | None = None,
         calls: Sequence[str] | None = None,
+        writer: Writer | None = None,
     ) -> _List[int]:
-        """:meth:`_append_externals` inside one authority transaction (its checks done)."""
+        """:meth:`append_updates` inside one authority transaction (its checks done)."""
+        agent, source = (self.agent, self.source) if writer is None else writer
         if expected is not None:
             name, key, version = expected
             check_name("collection", name)
@@ -297,7 +329,7 @@ class ForeignWrites(GuardedWrites):
                 try:
                     for update in updates:  # in order, each on top of the ones before
                         ops = policed(scratch.apply_external(update, checked=True)[0])
-                        self._account(self._enforce(ops, conditional=guarded))
+                        self._account(self._enforce(ops, conditional=guarded, agent=agent))
                 finally:
                     self._invalidate_all()  # budgets are measured again from the document
             for i, update in enumerate(updates):
@@ -308,7 +340,7 @@ class ForeignWrites(GuardedWrites):
                     out.append(found)
                     continue
                 call = "" if calls is None else calls[i]
-                meta = Meta(self.agent, self.source, _time(), None, self._origin, call)
+                meta = Meta(agent, source, _time(), None, self._origin, call)
                 before = self.replica.doc.get_state()
                 self._invalidate_all()
                 ops, delta = self.replica.apply_external(update, meta, checked=True)

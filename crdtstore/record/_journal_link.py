@@ -20,10 +20,18 @@ from typing import Any
 
 import anyio
 
-from .._errors import BackendError, CrdtStoreError, JournalCorrupt, RunClosed, StoreClosed
+from .._errors import (
+    BackendError,
+    CrdtStoreError,
+    InvalidValue,
+    JournalCorrupt,
+    RunClosed,
+    StoreClosed,
+)
 from .._heap import release_free_memory
 from .._journal import JournalEntry, NewEntry, Op, checksum
 from ._changes import Changes
+from ._loop_commit import LoopCommit, loop_schedulers
 from ._provenance import Meta
 from ._state import READ_CHUNK, SYNC_FIRST
 
@@ -72,7 +80,68 @@ class JournalLink(Changes):
                 " can be read",
             )
 
+    def commit_on_loop(self, journal_window: float = 0.0) -> LoopCommit | None:
+        """Journal this record's entries by a group commit on the running event loop from
+        now on (:mod:`._loop_commit`: what a hub does for the many writers of one record),
+        if the record is ``batched`` and its backend can append at once; else leave them to
+        the committer and return None. Call from the loop's thread, after ``start()``.
+
+        Args:
+            journal_window: seconds a batch may wait for more updates to share its commit
+                while nobody waits for it (asyncio only; 0: commit in the same iteration).
+        """
+        append_now = getattr(self._backend, "append_now", None)
+        if self.durability != "batched" or append_now is None:
+            return None
+        call_soon, call_later = loop_schedulers()
+        if call_soon is None:
+            return None
+        self._commit_policy = LoopCommit(self, append_now, call_soon, call_later, journal_window)
+        return self._commit_policy
+
+    @property
+    def is_open(self) -> bool:
+        """Started and not closed (writes and reads work)."""
+        return self._state == "open"
+
+    @property
+    def pending_writes(self) -> int:
+        """Local entries written and not journaled yet."""
+        return len(self._pending)
+
+    async def reset_position(self, seq: int, *, missing: bytes | None = None) -> bool:
+        """Move this record's journal position back to ``seq`` (if it is past it), so that
+        its tail reads again what the journal holds after ``seq``; first merge ``missing``,
+        bytes the journal holds that the document lacks (applied as they are: they are not
+        journaled again). Waits for an open transaction to end. A ``ws://`` link does this
+        when its hub lost entries the record took in (a restored backup). Returns whether
+        the position moved.
+
+        Raises:
+            InvalidValue: ``seq`` is not an int >= 0.
+        """
+        if type(seq) is not int or seq < 0:
+            raise InvalidValue(f"seq must be an int >= 0, not {seq!r}")
+        while self._txn_task is not None:  # never inside a local transaction
+            await self._txn_idle.wait()
+        if missing is not None and missing not in (b"", b"\x00\x00"):
+            self.replica.apply_update(missing, trial_decode=False, size_limit=False)
+            self._invalidate_all()
+        if seq >= self.applied_seq:
+            return False
+        self.applied_seq = seq
+        self._applied_foreign = {s for s in self._applied_foreign if s <= seq}
+        return True
+
+    @property
+    def commit_policy(self) -> LoopCommit | None:
+        """The group commit installed by :meth:`commit_on_loop` (None: the committer's)."""
+        return self._commit_policy
+
     async def _wait_committed(self, target: int) -> None:
+        policy = self._commit_policy
+        if policy is not None and self._committed < target:
+            policy.urge()
         while self._committed < target:
             if self._failure is not None:
                 raise self._failure

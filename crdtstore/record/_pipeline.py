@@ -178,14 +178,17 @@ class WritePipeline(JournalLink):
             await wait
 
     def _enqueue(self, update: bytes, ops: _List[Op], meta: Meta) -> None:
-        """Queue a local entry (applied already) for the committer: the pending queue's only
-        way in. (``_HubRecord`` overrides it to commit on the event loop.)"""
+        """Queue a local entry (applied already) for the committer, or the commit policy
+        (:meth:`commit_on_loop`): the pending queue's only way in."""
         if self._stamps:
             for op in ops:
                 self._stamps[op[1]] = self._stamps.get(op[1], 0) + 1
         self._pending.append((update, ops, meta))
         self._written += 1
-        if self._committer_idle:
+        policy = self._commit_policy
+        if policy is not None:
+            policy.queued()
+        elif self._committer_idle:
             self._committer_idle = False
             self._pending_event.set()
         if self._subscribers:

@@ -48,10 +48,14 @@ class Policies(RecordState):
         root = self.replica.root(collection, kind)
         return len(str(root)) if kind == "text" else len(root)
 
-    def _enforce(self, ops: _List[Op], *, conditional: bool) -> _List[BudgetDelta] | None:
-        """Run the write policies and budgets over a write's effect; return the budget deltas
-        to account once it is applied (None when no budgeted collection is touched)."""
+    def _enforce(
+        self, ops: _List[Op], *, conditional: bool, agent: str | None = None
+    ) -> _List[BudgetDelta] | None:
+        """Run the write policies and budgets over a write's effect, made by ``agent`` (None:
+        this record's); return the budget deltas to account once it is applied (None when
+        no budgeted collection is touched)."""
         specs = self._specs
+        writer = self.agent if agent is None else agent
         if len(ops) == 1:  # the usual write: one op, one collection
             op = ops[0]
             name = op[1]
@@ -67,10 +71,10 @@ class Policies(RecordState):
                     sizes = None if usage is None else usage.sizes
                     if key in sizes if sizes is not None else self.exists(name, key):
                         owner = self.replica.agent_of(name, key) if policy == "owner" else None
-                        if policy == "append_only" or (owner is not None and owner != self.agent):
-                            check_effect(specs, ops, self.agent, self, conditional=conditional)
+                        if policy == "append_only" or (owner is not None and owner != writer):
+                            check_effect(specs, ops, writer, self, conditional=conditional)
                 else:
-                    check_effect(specs, ops, self.agent, self, conditional=conditional)
+                    check_effect(specs, ops, writer, self, conditional=conditional)
             if usage is None:
                 if not budgeted(spec):
                     return None
@@ -81,7 +85,7 @@ class Policies(RecordState):
                 return [check_budget(spec, name, usage, ops)]
             removed_bytes, removed_entries = self._removed(name, spec.kind, ops)
             return [check_budget(spec, name, usage, ops, removed_bytes, removed_entries)]
-        check_effect(specs, ops, self.agent, self, conditional=conditional)
+        check_effect(specs, ops, writer, self, conditional=conditional)
         out: _List[BudgetDelta] | None = None
         for name in (ops[0][1],) if len(ops) == 1 else dict.fromkeys(op[1] for op in ops):
             usage = self._usage.get(name)  # only budgeted collections are there

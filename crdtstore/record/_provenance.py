@@ -44,6 +44,18 @@ class Meta(NamedTuple):
         return [self.seq, self.agent, self.source, self.wall_time, self.run]
 
 
+class Writer(NamedTuple):
+    """Who made a write: the agent and source kind its journal entry and provenance name.
+
+    A process that journals other writers' bytes through its own record (the hub: the token
+    of the connection that sent them) passes one to :meth:`Record.apply_update` and
+    :meth:`Record.append_updates`; without one a write is the record's own.
+    """
+
+    agent: str
+    source: str
+
+
 def now() -> float:
     return time.time()
 

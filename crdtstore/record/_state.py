@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from .._store import Store
     from ._changes import _Subscriber
     from ._foreign import _FastAppend
+    from ._loop_commit import LoopCommit
     from ._maps import MapCollection
 
 READ_CHUNK = 10_000
@@ -88,6 +89,8 @@ class RecordState:
         # one journal append of this record at a time (taken without a checkpoint when free:
         # the committer takes it once per batch, and a flush waits for that)
         self._commit_lock = anyio.Lock(fast_acquire=True)
+        # who journals the pending entries instead of the committer (Record.commit_on_loop)
+        self._commit_policy: LoopCommit | None = None
         self._failure: BaseException | None = None
         self._read_only: ReadOnlyAccess | None = None  # writes refused before any change
         # the backend attributes every write itself (ws://: the token's agent and source):

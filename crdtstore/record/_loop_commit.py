@@ -1,0 +1,186 @@
+"""Group commit on the event loop: a record's commit policy for a process that journals many
+writers' updates through one record (the hub).
+
+By default a record's committer task journals its pending entries (:mod:`._journal_link`).
+:meth:`~._record.Record.commit_on_loop` installs a :class:`LoopCommit` instead, when the record
+is ``batched`` and its backend can append at once on the event loop's thread (SQLite's
+``append_now``): the first entry queued in an iteration of the event loop schedules one
+callback that runs once the tasks ready in that iteration (every connection whose frames
+arrived together) have run, and appends every entry queued by then in one transaction, then
+marks them committed (waking ``flush`` waiters). No task switch, no lock. When it cannot
+append at once (the write lock is held by another process or another append of this record,
+the journal is failing, the run's id is not cached), it appends nothing and wakes the
+committer, which journals them as it would any entry (retrying, reporting failures).
+
+**Journal window** (asyncio): when nobody waits for a commit (:meth:`LoopCommit.deferral`),
+the callback runs one ``journal_window`` after the last commit instead, so the updates that
+arrive meanwhile share its commit; a waiter that appears meanwhile (a ``flush``, an unguarded
+:meth:`~._foreign.ForeignWrites.append_updates`, a reader counted in :attr:`LoopCommit.readers`,
+another process with the store open) brings it forward to the current iteration.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+try:
+    import sniffio
+except ImportError:  # pragma: no cover - anyio runs without it (and then assumes asyncio)
+    sniffio = None  # type: ignore[assignment]
+
+from .._errors import CrdtStoreError
+from .._journal import NewEntry
+
+if TYPE_CHECKING:
+    from ._journal_link import JournalLink
+
+log = logging.getLogger("crdtstore.record")
+
+AppendNow = Callable[[str, str, Sequence[NewEntry]], "list[int] | None"]
+
+
+def loop_schedulers() -> tuple[
+    Callable[[Callable[[], None]], object] | None,
+    Callable[[float, Callable[[], None]], Any] | None,
+]:
+    """``(call_soon, call_later)`` for the running event loop's thread: ``call_soon(f)``
+    runs the synchronous callback ``f`` after the tasks that are ready now, ``call_later(d,
+    f)`` runs it in ``d`` seconds and returns a handle with ``cancel()`` (asyncio:
+    ``loop.call_soon``/``loop.call_later``, in a context that names the library to anyio;
+    trio: ``run_sync_soon``, and no ``call_later``); ``(None, None)`` on another loop."""
+    try:
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        loop = None
+    if loop is not None:
+        ctx = contextvars.Context()  # (a callback has no task: anyio learns the library here)
+        if sniffio is not None:
+            ctx.run(sniffio.current_async_library_cvar.set, "asyncio")
+        return (
+            functools.partial(loop.call_soon, context=ctx),
+            functools.partial(loop.call_later, context=ctx),
+        )
+    try:
+        import trio
+
+        return trio.lowlevel.current_trio_token().run_sync_soon, None
+    except (ImportError, RuntimeError):
+        return None, None
+
+
+class LoopCommit:
+    """The group commit of one record on the event loop (see the module docstring).
+
+    Attributes:
+        journal_window: seconds a batch may wait for company when nobody waits for it.
+        readers: connections that read the record's journal as it grows (a hub's ``ws://``
+            clients): while there are any, nothing is deferred. The owner counts them.
+        group_commits: commits made on the loop (tests, metrics).
+    """
+
+    def __init__(
+        self,
+        rec: JournalLink,
+        append_now: AppendNow,
+        call_soon: Callable[[Callable[[], None]], object],
+        call_later: Callable[[float, Callable[[], None]], Any] | None,
+        journal_window: float,
+    ) -> None:
+        self._rec = rec
+        self._append_now = append_now
+        self._call_soon = call_soon
+        self._call_later = call_later
+        self.journal_window = journal_window
+        self.readers = 0
+        self.group_commits = 0
+        self._due = False
+        self._timer: Any = None  # the handle of a deferred commit (call_later)
+        self._last_commit = -math.inf  # time.monotonic() of the last group commit
+
+    @property
+    def deferred(self) -> bool:
+        """A batch waits for its window to end (a timer is set)."""
+        return self._timer is not None
+
+    def queued(self) -> None:
+        """The record queued an entry: schedule its commit (the record's ``_enqueue``)."""
+        if self._due:
+            if self._timer is not None and (self._rec._fast or self.readers):
+                self.urge()  # a ws:// append waits for its answer, or a ws:// client reads
+            return
+        self._due = True
+        delay = self.deferral()
+        if delay > 0.0:
+            assert self._call_later is not None
+            self._timer = self._call_later(delay, self._commit)
+        else:
+            self._call_soon(self._commit)
+
+    def deferral(self) -> float:
+        """How long the entries queued now may wait for their commit: until one
+        ``journal_window`` after the last commit, when nobody waits for it (no ``flush``, no
+        ``ws://`` append, no reader, no other process with the store open: it may be reading
+        the run); else 0 (this iteration)."""
+        window = self.journal_window
+        if (
+            window <= 0.0
+            or self._call_later is None
+            or self._rec._fast
+            or self.readers
+            or self._rec._store.notifier.others_listening()
+        ):
+            return 0.0
+        return self._last_commit + window - time.monotonic()
+
+    def urge(self) -> None:
+        """Commit a deferred batch in this iteration instead of when its timer runs out."""
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
+            self._call_soon(self._commit)
+
+    def _commit(self) -> None:
+        """Append every queued entry now in one commit; else leave them to the committer."""
+        self._due = False
+        self._timer = None
+        rec = self._rec
+        try:
+            if self._commit_now():
+                return
+        except Exception:  # a bug: never into the loop (trio would stop); the committer retries
+            log.exception("group commit of %s/%s failed", rec.tenant, rec.run)
+        if rec._committer_idle:
+            rec._committer_idle = False
+            rec._pending_event.set()
+
+    def _commit_now(self) -> bool:
+        rec = self._rec
+        pending = rec._pending
+        if not pending:
+            return True
+        if (
+            rec._state != "open"
+            or rec._failure is not None  # the committer is retrying: it keeps the order
+            or rec._commit_lock.locked()  # an append of this record is under way
+        ):
+            return False
+        batch = list(pending)
+        try:
+            seqs = self._append_now(rec.tenant, rec._jrun, rec._entries(batch))
+        except CrdtStoreError as exc:
+            log.debug("group commit %s/%s: %s (the committer retries)", rec.tenant, rec.run, exc)
+            return False
+        if seqs is None:
+            return False
+        self.group_commits += 1
+        self._last_commit = time.monotonic()
+        rec._mark_committed(batch, seqs)
+        return True
