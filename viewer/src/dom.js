@@ -34,12 +34,22 @@ export const fill = (el, ...children) => {
 
 const MAX_SHOWN = 400
 
-/** A value as text: strings as they are, anything else as JSON; long ones cut (the whole
- * text goes in the title). */
-export const shown = (value) => {
-  const text = typeof value === 'string' ? value : JSON.stringify(value)
+const sortedKeys = (value) => {
+  if (Array.isArray(value)) return value.map(sortedKeys)
+  if (value === null || typeof value !== 'object') return value
+  const out = {}
+  for (const key of Object.keys(value).sort()) out[key] = sortedKeys(value[key])
+  return out
+}
+
+/** JSON with every object's keys sorted (the same value always reads the same). */
+export const json = (value) => {
+  const text = JSON.stringify(sortedKeys(value))
   return text === undefined ? String(value) : text
 }
+
+/** A value as text: strings as they are, anything else as JSON. */
+export const shown = (value) => (typeof value === 'string' ? value : json(value))
 
 export const valueCell = (value, cls = 'value') => {
   const text = shown(value)

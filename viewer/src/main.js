@@ -66,6 +66,7 @@ const showIndex = async (tenant, token) => {
   fill($('title'), tenant, h('span', { class: 'muted' }, ' runs'))
   $('run').hidden = true
   $('index').hidden = false
+  document.body.dataset.page = 'index'
   const answer = await fetch(`${PREFIX}${encodeURIComponent(tenant)}/?list=runs`, {
     headers: { Authorization: `Bearer ${token}` },
     cache: 'no-store'

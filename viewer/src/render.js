@@ -1,6 +1,6 @@
 // The sections of the run page, each built from plain data (a Y.Doc, the journal's
 // provenance, the lease status): collections, leases, the kernel's steps, an entry, presence.
-import { h, valueCell, agentChip, agentClass, time, seconds, shown } from './dom.js'
+import { h, valueCell, agentChip, agentClass, time, seconds, shown, json } from './dom.js'
 
 const REGISTRY = '__crdtstore_collections'
 const SEP = '\x1f'
@@ -198,7 +198,26 @@ export const steps = (doc, collectionKinds) => {
     list.push(entry)
   }
   if (list.length === 0 && !run) return null
-  list.sort((a, b) => (String(a.path) < String(b.path) ? -1 : 1))
+  const children = new Map()
+  for (const s of list) {
+    const parent = String(s.parent || '')
+    if (!children.has(parent)) children.set(parent, [])
+    children.get(parent).push(s)
+  }
+  const ordered = []
+  const seen = new Set()
+  const walk = (parent) => {
+    const kids = (children.get(parent) || []).sort((a, b) => (a.index || 0) - (b.index || 0) || (String(a.path) < String(b.path) ? -1 : 1))
+    for (const s of kids) {
+      if (seen.has(s.path)) continue
+      seen.add(s.path)
+      ordered.push(s)
+      walk(String(s.path))
+    }
+  }
+  walk('')
+  for (const s of list) if (!seen.has(s.path)) ordered.push(s) // (an orphan: its parent is not there)
+  list.splice(0, list.length, ...ordered)
   const head = run && typeof run === 'object'
     ? h('p', { class: 'run-line' }, 'workflow ', h('b', {}, String(run.name)), ' ',
         h('span', { class: `state s-${run.state}` }, String(run.state)),
@@ -239,12 +258,18 @@ export const steps = (doc, collectionKinds) => {
 
 // -- the journal entry under the cursor -------------------------------------------------------
 
+const MAX_OP_TEXT = 240
+
+const quoted = (value) => {
+  const out = json(value)
+  return out.length > MAX_OP_TEXT ? out.slice(0, MAX_OP_TEXT) + '…' : out
+}
+
 const opText = (op) => {
-  if (!Array.isArray(op)) return shown(op)
+  if (!Array.isArray(op)) return quoted(op)
   const [kind, coll, what, ...rest] = op
-  const target = kind === 'map' ? `${coll}[${shown(rest[0])}]` : `${coll} @${shown(rest[0])}`
-  if (what === 'set' || what === 'ins') return `${kind} ${target} ${what} ${shown(rest[1])}`
-  return `${kind} ${target} ${what}${rest.length > 1 ? ' ' + shown(rest[1]) : ''}`
+  const target = kind === 'map' ? `${coll}[${quoted(rest[0])}]` : `${coll} @${quoted(rest[0])}`
+  return `${what} ${target}${rest.length > 1 ? ' ' + quoted(rest[1]) : ''}`
 }
 
 export const entry = (row) => {
