@@ -22,10 +22,20 @@ from typing import Any
 import anyio
 import pytest
 from playwright.async_api import Browser, Dialog, Page, async_playwright, expect
+from websockets.asyncio.client import connect
 
 from crdtstore import CollectionSpec, Record, open_store, tree_merge
 from crdtstore.flow._state import StepEntry
-from sync import Hub, HubLimits, TokenClaims, mint
+from sync import (
+    Awareness,
+    AwarenessEntry,
+    Hub,
+    HubLimits,
+    TokenClaims,
+    encode,
+    encode_awareness_update,
+    mint,
+)
 from tests._wait import elapsed, until
 
 pytestmark = pytest.mark.anyio
@@ -173,7 +183,7 @@ async def test_a_write_shows_its_value_agent_and_journal_position(
         await expect(plan.locator(".who")).to_have_text("alice")
         await expect(plan.locator(".seq")).to_have_text(f"#{seq}", timeout=DEADLINE)
         print(f"a write showed in the page after {took:.3f} s")
-        assert took < 3.0, f"the write took {took:.2f} s to show"
+        assert took < 1.0, f"the write took {took:.2f} s to show"
         async with agent(served, "bob", run) as bob:
             await bob.list("log").append("bob joined")
             await bob.text("draft").insert(0, "Hello from bob. ")
@@ -188,6 +198,13 @@ async def test_a_write_shows_its_value_agent_and_journal_position(
             log = page.locator('tr[data-collection="log"][data-index="0"]')
             await expect(log.locator(".who")).to_have_text("bob")
             await expect(page.locator("#presence")).to_contain_text("bob", timeout=DEADLINE)
+            # a Yjs client's awareness state (presence) shows too, and goes when it leaves
+            editor = f"{served.ws}/{run}?token={token('carol', run, mode='rw')}"
+            async with connect(editor) as carol:
+                state = '{"user":{"name":"carol (editor)"}}'
+                entry = AwarenessEntry(client_id=4242, clock=1, state=state)
+                await carol.send(encode(Awareness(encode_awareness_update([entry]))))
+                await expect(page.locator("#presence")).to_contain_text("carol (editor)")
             await watched.shot("1-live")
     assert watched.dialogs == [] and watched.errors == [], watched.errors
 
@@ -401,3 +418,57 @@ async def test_the_index_lists_only_the_runs_the_token_may_see(
     await page.locator('#runs tr[data-run="team-b"] a').click()
     await expect(row(page, "notes", "x").locator(".value")).to_have_text("team-b")
     assert watched.dialogs == [] and watched.errors == []
+
+
+async def test_a_compacted_journal_starts_at_its_snapshot(served: Served, watched: Watched) -> None:
+    run = "compacted"
+    page = watched.page
+    async with agent(served, "alice", run) as alice:
+        for i in range(3):
+            await alice.map("notes").set("n", i)
+        await alice.flush()
+        async with open_store(served.hub.store_url, tenant=TENANT) as store:
+            result = await store.compact(run, drop_journal=True)
+        await alice.map("notes").set("after", "compaction")
+        seq = await seq_of(alice, "notes", "after")
+        await page.goto(served.page_url(run, token("viewer", run)))
+        await expect(row(page, "notes", "after").locator(".seq")).to_have_text(f"#{seq}")
+        await expect(row(page, "notes", "n").locator(".value")).to_have_text("2")
+        await expect(row(page, "notes", "n").locator(".who")).to_have_text("snapshot")
+        assert await page.locator("#scrubber").get_attribute("min") == str(result.seq)
+        await page.locator("#scrubber").fill(str(result.seq))
+        await expect(row(page, "notes", "n").locator(".value")).to_have_text("2")
+        await expect(row(page, "notes", "after")).to_have_count(0)
+        await watched.shot("8-compacted")
+    assert watched.dialogs == [] and watched.errors == []
+
+
+@contextlib.asynccontextmanager
+async def serving(store_url: str, port: int = 0) -> AsyncIterator[Served]:
+    hub = Hub(store_url, SECRET, limits=HubLimits(close_timeout=0.5))
+    async with anyio.create_task_group() as tg:
+        yield Served(hub, await tg.start(hub.serve, "127.0.0.1", port))
+        tg.cancel_scope.cancel()
+
+
+async def test_the_page_follows_the_run_across_a_hub_restart(
+    tmp_path: Path, watched: Watched
+) -> None:
+    page = watched.page
+    run = "restart"
+    store_url = f"sqlite:///{tmp_path / 'store.db'}"
+    async with serving(store_url) as first:
+        async with agent(first, "alice", run) as alice:
+            await alice.map("notes").set("before", "restart")
+            await alice.flush()
+        await page.goto(first.page_url(run, token("viewer", run)))
+        await expect(row(page, "notes", "before").locator(".seq")).to_have_text("#1")
+    await expect(page.locator("#status-journal")).to_have_attribute("data-status", "disconnected")
+    async with serving(store_url, first.port) as second, agent(second, "bob", run) as bob:
+        await bob.map("notes").set("after", "restart")
+        seq = await seq_of(bob, "notes", "after")
+        after = row(page, "notes", "after")
+        await expect(after.locator(".seq")).to_have_text(f"#{seq}", timeout=DEADLINE)
+        await expect(after.locator(".who")).to_have_text("bob")
+        await expect(row(page, "notes", "before").locator(".who")).to_have_text("alice")
+    assert watched.dialogs == []

@@ -120,14 +120,9 @@ class RunView {
     this.doc.on('update', () => this.schedule())
     this.provider.awareness.on('change', () => this.schedule())
 
-    this.hub = new HubChannel(`${wsBase()}/${encodeURIComponent(tenant)}/${room}`, token, {
-      onOpen: () => this.opened(),
-      onPush: (push) => this.pushed(push),
-      onClose: (event) => {
-        this.badge('journal', 'disconnected')
-        if (event.code >= 4400 && event.code < 4500) this.refuse(event.code, event.reason)
-      }
-    })
+    this.token = token
+    this.retry = 0
+    this.connectHub()
     $('scrubber').addEventListener('input', () => this.scrub(Number($('scrubber').value)))
     $('live').addEventListener('click', () => this.scrub(null))
     document.addEventListener('click', (event) => {
@@ -137,6 +132,22 @@ class RunView {
       this.scrub(Number(target.dataset.seq))
     })
     setInterval(() => this.tick(), 1000)
+  }
+
+  /** The crdtstore channel, connected again (with backoff) when it drops, until refused. */
+  connectHub () {
+    const url = `${wsBase()}/${encodeURIComponent(this.tenant)}/${encodeURIComponent(this.run)}`
+    this.hub = new HubChannel(url, this.token, {
+      onOpen: () => this.opened(),
+      onPush: (push) => this.pushed(push),
+      onClose: (event) => {
+        this.badge('journal', 'disconnected')
+        if (event.code >= 4400 && event.code < 4500) this.refuse(event.code, event.reason)
+        if (this.refused) return
+        const delay = Math.min(5000, 100 * 2 ** this.retry++)
+        setTimeout(() => this.refused || this.connectHub(), delay)
+      }
+    })
   }
 
   badge (which, status) {
@@ -149,7 +160,7 @@ class RunView {
     if (this.refused) return
     this.refused = true
     this.provider.destroy()
-    this.hub.close()
+    if (this.hub) this.hub.close()
     this.doc = new Y.Doc()
     this.journal = new Journal()
     $('run').hidden = true
@@ -158,15 +169,20 @@ class RunView {
 
   async opened () {
     this.badge('journal', 'connected')
+    this.retry = 0
     try {
-      const [config, snapshot, connections] = await Promise.all([
+      const [config, snapshot, connections, probe] = await Promise.all([
         this.hub.request('config.get'),
         this.hub.request('journal.snapshot'),
-        this.hub.request('view.connections')
+        this.hub.request('view.connections'),
+        this.hub.request('journal.read', { after: 0, limit: 1 })
       ])
       this.config = config
       this.connections = connections
-      if (snapshot) this.journal.setBase(snapshot)
+      // the journal's first entries were dropped into the snapshot: start from it
+      const firstKept = probe.rows.length ? probe.rows[0][0] : null
+      const dropped = snapshot && (firstKept === null ? snapshot.seq > 0 : firstKept > 1)
+      if (dropped && this.journal.head < snapshot.seq) this.journal.setBase(snapshot)
       this.catchUp()
       this.refreshLeases()
     } catch (err) {

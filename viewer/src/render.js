@@ -16,7 +16,10 @@ export const collectionsOf = (doc) => {
 }
 
 const provCells = (p, value) => {
-  if (p === undefined) return [h('td', { class: 'who' }, '?'), h('td'), h('td'), h('td', { class: 'seq' })]
+  if (p === undefined) {
+    return [h('td', { class: 'who muted', title: 'written before the first journal entry the viewer holds (a snapshot)' }, 'snapshot'),
+      h('td'), h('td'), h('td', { class: 'seq' })]
+  }
   // a value the journal does not have yet (applied by the hub, not yet journaled)
   const pending = p.op === 'set' && value !== undefined && shown(p.value) !== shown(value)
   if (pending) {
@@ -30,12 +33,19 @@ const provCells = (p, value) => {
   ]
 }
 
+const MAX_ROWS_SHOWN = 1000 // per collection (the page stays quick on big records)
+
+const capped = (rows, total) => total > rows.length
+  ? [...rows, h('tr', { class: 'more' }, h('td', { colspan: 6, class: 'muted' }, `… ${total - rows.length} more not shown`))]
+  : rows
+
 const isSibling = (value) =>
   value !== null && typeof value === 'object' && !Array.isArray(value) && 'v' in value
 
 const mapTable = (name, ymap, prov, keepAll) => {
   const keys = prov.get(name) || new Map()
   const rows = []
+  let total = 0
   const entries = [...ymap.entries()].sort((a, b) => (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0))
   if (keepAll) {
     const groups = new Map()
@@ -46,7 +56,8 @@ const mapTable = (name, ymap, prov, keepAll) => {
       if (!groups.has(key)) groups.set(key, [])
       groups.get(key).push({ pkey, entry })
     }
-    for (const [key, sibs] of groups) {
+    total = groups.size
+    for (const [key, sibs] of [...groups.entries()].slice(0, MAX_ROWS_SHOWN)) {
       sibs.sort((a, b) => (a.entry.t || 0) - (b.entry.t || 0) || (a.pkey < b.pkey ? -1 : 1))
       if (sibs.length === 1) {
         const { pkey, entry } = sibs[0]
@@ -66,7 +77,8 @@ const mapTable = (name, ymap, prov, keepAll) => {
       }
     }
   } else {
-    for (const [key, value] of entries) {
+    total = entries.length
+    for (const [key, value] of entries.slice(0, MAX_ROWS_SHOWN)) {
       rows.push(h('tr', { 'data-collection': name, 'data-key': key },
         h('td', { class: 'key' }, key), valueCell(value), ...provCells(keys.get(key), value)))
     }
@@ -74,7 +86,7 @@ const mapTable = (name, ymap, prov, keepAll) => {
   if (rows.length === 0) return h('p', { class: 'muted' }, 'empty')
   return h('table', { class: 'grid' },
     h('thead', {}, h('tr', {}, ['key', 'value', 'agent', 'source', 'time', 'entry'].map((c) => h('th', {}, c)))),
-    h('tbody', {}, rows))
+    h('tbody', {}, capped(rows, total)))
 }
 
 /** The live items of a Yjs list or text, each with the Yjs client that made it. */
@@ -87,19 +99,19 @@ const items = (type) => {
 }
 
 const listTable = (name, yarray, clients) => {
-  const rows = []
-  let index = 0
+  const all = [] // [value, client] of every item
   for (const item of items(yarray)) {
-    const values = item.content.getContent()
-    for (const value of values) {
-      const agent = clients.get(item.id.client)
-      rows.push(h('tr', { 'data-collection': name, 'data-index': index },
-        h('td', { class: 'key' }, String(index)), valueCell(value),
-        h('td', { class: 'who' }, agent ? agentChip(agent) : '?')))
-      index++
-    }
+    for (const value of item.content.getContent()) all.push([value, item.id.client])
   }
-  if (rows.length === 0) return h('p', { class: 'muted' }, 'empty')
+  if (all.length === 0) return h('p', { class: 'muted' }, 'empty')
+  const start = Math.max(0, all.length - MAX_ROWS_SHOWN) // (the newest items of a long log)
+  const rows = all.slice(start).map(([value, client], i) => {
+    const agent = clients.get(client)
+    return h('tr', { 'data-collection': name, 'data-index': start + i },
+      h('td', { class: 'key' }, String(start + i)), valueCell(value),
+      h('td', { class: 'who' }, agent ? agentChip(agent) : '?'))
+  })
+  if (start > 0) rows.unshift(h('tr', { class: 'more' }, h('td', { colspan: 3, class: 'muted' }, `… ${start} older items not shown`)))
   return h('table', { class: 'grid' },
     h('thead', {}, h('tr', {}, ['#', 'value', 'agent'].map((c) => h('th', {}, c)))),
     h('tbody', {}, rows))
