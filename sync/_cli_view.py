@@ -82,7 +82,10 @@ def _open(url: str, wanted: bool | None) -> bool:
 
 
 def view_command(
-    store: Annotated[str, typer.Option("--store", help="The hub's URL (ws://host:port[/tenant]).")],
+    store: Annotated[
+        str,
+        typer.Option("--store", help="The hub's URL: ws://HOST:PORT, or ws://HOST:PORT/TENANT."),
+    ],
     run: Annotated[str, typer.Option("--run", help="Run name (a prefix ending with '*': index).")],
     tenant: Annotated[
         str | None, typer.Option("--tenant", help=f"Tenant (default: {DEFAULT_TENANT}).")

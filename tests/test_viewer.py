@@ -205,7 +205,7 @@ async def test_a_write_shows_its_value_agent_and_journal_position(
                 entry = AwarenessEntry(client_id=4242, clock=1, state=state)
                 await carol.send(encode(Awareness(encode_awareness_update([entry]))))
                 await expect(page.locator("#presence")).to_contain_text("carol (editor)")
-            await watched.shot("1-live")
+                await watched.shot("1-live")
     assert watched.dialogs == [] and watched.errors == [], watched.errors
 
 
@@ -472,3 +472,25 @@ async def test_the_page_follows_the_run_across_a_hub_restart(
         await expect(after.locator(".who")).to_have_text("bob")
         await expect(row(page, "notes", "before").locator(".who")).to_have_text("alice")
     assert watched.dialogs == []
+
+
+async def test_the_scrubber_over_a_longer_journal(served: Served, watched: Watched) -> None:
+    run = "long"
+    page = watched.page
+    entries = 1100  # past two of the page's saved states (one every 500 positions)
+    async with open_store(served.hub.store_url, tenant=TENANT) as store:
+        async with store.open_record(run, "writer") as rec:
+            for i in range(entries):
+                await rec.map("counter").set("n", i)
+            await rec.flush()
+    await page.goto(served.page_url(run, token("viewer", run)))
+    n = row(page, "counter", "n")
+    await expect(n.locator(".seq")).to_have_text(f"#{entries}", timeout=DEADLINE)
+    for at in (1050, 10, 777, 501, 500, 499, 1099):
+        took = time.monotonic()
+        await page.locator("#scrubber").fill(str(at))
+        await expect(n.locator(".value")).to_have_text(str(at - 1))
+        await expect(n.locator(".seq")).to_have_text(f"#{at}")
+        took = time.monotonic() - took
+        assert took < 2.0, f"position {at} took {took:.2f} s"
+    assert watched.dialogs == [] and watched.errors == []

@@ -228,3 +228,7 @@ def test_crdtstore_view_prints_the_address_and_opens_nothing(tmp_path: Path) -> 
         timeout=60,
     )
     assert missing.returncode == 1 and "SECRET" in missing.stderr
+    helped = subprocess.run(
+        [str(script), "view", "--help"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert helped.returncode == 0 and "--store" in helped.stdout, helped.stderr

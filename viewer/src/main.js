@@ -283,7 +283,9 @@ class RunView {
     $('past-banner').hidden = live
     fill($('past-banner'), `The record as it was at journal position ${at} (of ${j.head}). Move the scrubber to the right end, or press “back to live”.`)
 
-    fill($('entry'), ...render.entry(row))
+    fill($('entry'), ...(row === null && j.base !== null && at === j.first
+      ? [h('p', { class: 'muted' }, `the snapshot: the entries up to #${at} merged by compaction`)]
+      : render.entry(row)))
     fill($('collections'), ...render.collections(doc, prov, j.clients, this.config))
     const steps = render.steps(doc, kinds)
     $('steps-section').hidden = steps === null
