@@ -25,6 +25,7 @@ from playwright.async_api import Browser, Dialog, Page, async_playwright, expect
 from websockets.asyncio.client import connect
 
 from crdtstore import CollectionSpec, Record, open_store, tree_merge
+from crdtstore.flow import StepContext, run_workflow
 from crdtstore.flow._state import StepEntry
 from sync import (
     Awareness,
@@ -493,4 +494,72 @@ async def test_the_scrubber_over_a_longer_journal(served: Served, watched: Watch
         await expect(n.locator(".seq")).to_have_text(f"#{at}")
         took = time.monotonic() - took
         assert took < 2.0, f"position {at} took {took:.2f} s"
+    assert watched.dialogs == [] and watched.errors == []
+
+
+async def test_a_real_workflow_shows_its_steps_and_the_lease_a_step_waits_for(
+    served: Served, watched: Watched
+) -> None:
+    run = "workflow"
+    page = watched.page
+    gate = anyio.Event()
+
+    async def slow(ctx: StepContext) -> str:
+        await gate.wait()
+        return "linted"
+
+    async def quick(ctx: StepContext) -> str:
+        await ctx.map("out").set(ctx.step, "written")
+        return "ok"
+
+    spec = {
+        "name": "checks",
+        "steps": [
+            {"id": "plan", "kind": "python", "call": quick},
+            {
+                "id": "verify",
+                "kind": "parallel",
+                "branches": [
+                    {"id": "lint", "kind": "python", "call": slow},
+                    {"id": "edit", "kind": "python", "call": quick, "owned_files": ["src/w.py"]},
+                ],
+            },
+        ],
+    }
+    async with (
+        open_store(served.hub.store_url, tenant=TENANT) as store,
+        anyio.create_task_group() as tg,
+    ):
+        blocker = await store.leases.lease(["src/w.py"], owner="alice", ttl=30).acquire()
+        done = anyio.Event()
+
+        async def kernel() -> None:
+            await run_workflow(store, spec, run=run)
+            done.set()
+
+        tg.start_soon(kernel)
+
+        async def started() -> bool:
+            return any(r.run == run for r in await store.runs())
+
+        await until(started, "the workflow's run")
+        await page.goto(served.page_url(run, token("viewer", run)))
+        steps = page.locator("#steps")
+        await expect(steps.locator('tr[data-step="plan"]')).to_contain_text("done")
+        await expect(steps.locator('tr[data-step="verify/lint"]')).to_contain_text("running")
+        edit = steps.locator('tr[data-step="verify/edit"]')
+        await expect(edit).to_contain_text("waiting_on_lock")
+        await expect(edit).to_contain_text("alice")  # who is ahead of it
+        lease = page.locator('tr[data-resource="src/w.py"]')
+        await expect(lease.locator(".holder")).to_contain_text("alice")
+        await expect(lease.locator(".queue li")).to_contain_text(f"flow:{run}")
+        await watched.shot("9-workflow-waiting")
+        await blocker.release()
+        gate.set()
+        with anyio.fail_after(DEADLINE / 1000):
+            await done.wait()
+        await expect(steps.locator('tr[data-step="verify/edit"]')).to_contain_text("done")
+        await expect(page.locator(".run-line")).to_contain_text("done")
+        await expect(row(page, "out", "verify/edit").locator(".value")).to_have_text("written")
+        await watched.shot("10-workflow-done")
     assert watched.dialogs == [] and watched.errors == []
