@@ -216,6 +216,11 @@ class RunView {
   }
 
   async refreshLeases () {
+    if (this.leasesAsked) {
+      this.leasesAgain = true // (asked while a request is out: ask once more after it)
+      return
+    }
+    this.leasesAsked = true
     try {
       const [status, connections] = await Promise.all([
         this.hub.request('lease.status'),
@@ -227,6 +232,12 @@ class RunView {
       this.schedule()
     } catch (err) {
       console.warn('crdtstore viewer: lease status', err)
+    } finally {
+      this.leasesAsked = false
+    }
+    if (this.leasesAgain) {
+      this.leasesAgain = false
+      this.refreshLeases()
     }
   }
 
@@ -240,9 +251,10 @@ class RunView {
   }
 
   tick () {
-    if (this.refused) return
-    if (Date.now() - this.leasesAt > 5000) this.refreshLeases() // (a lapse by TTL is not pushed)
-    else this.schedule()
+    if (this.refused || this.hub.ws.readyState !== WebSocket.OPEN) return
+    // the hub pushes lease hand-offs only (a new request, a grant to the asker itself and a
+    // lapse by TTL wake no one): the table is asked for again every second too
+    this.refreshLeases()
   }
 
   scrub (position) {
