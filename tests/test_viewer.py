@@ -394,6 +394,10 @@ async def test_a_token_for_another_run_gets_no_data(served: Served, watched: Wat
         await expect(page.locator("#error")).to_contain_text("read-write")
         assert watched.sockets == []
         assert await page.evaluate("sessionStorage.length") == 0
+        # a run that does not exist: said so (a read-only token cannot create it)
+        await page.goto("about:blank")
+        await page.goto(served.page_url("nowhere", token("viewer", "nowhere")))
+        await expect(page.locator("#error")).to_contain_text("There is no run nowhere")
         # another tenant's token: refused too
         await page.goto("about:blank")
         await page.goto(served.page_url(run, token("viewer", run, tenant="other")))

@@ -164,7 +164,10 @@ class RunView {
     this.doc = new Y.Doc()
     this.journal = new Journal()
     $('run').hidden = true
-    fail(`The hub refused this token for ${this.tenant}/${this.run}: ${reason || code}`)
+    const why = reason || `close code ${code}`
+    fail(code === 4404
+      ? `There is no run ${this.run} in tenant ${this.tenant} (yet): ${why}`
+      : `The hub refused this token for ${this.tenant}/${this.run}: ${why}`)
   }
 
   async opened () {
