@@ -1,5 +1,6 @@
 // Building the page's DOM. Every piece of data goes in as a text node or an attribute value
 // (never as markup): a value holding HTML or script shows as text and runs nothing.
+import * as Y from 'yjs'
 
 /**
  * An element: h('td', {class: 'value', title: full}, 'text', child, ...).
@@ -35,6 +36,9 @@ export const fill = (el, ...children) => {
 const MAX_SHOWN = 400
 
 const sortedKeys = (value) => {
+  // what only a plain Yjs client can store: a nested shared type (its JSON), binary
+  if (value instanceof Y.AbstractType) return sortedKeys(value.toJSON())
+  if (value instanceof Uint8Array) return `<${value.length} bytes>`
   if (Array.isArray(value)) return value.map(sortedKeys)
   if (value === null || typeof value !== 'object') return value
   const out = {}
@@ -49,7 +53,8 @@ export const json = (value) => {
 }
 
 /** A value as text: strings as they are, anything else as JSON. */
-export const shown = (value) => (typeof value === 'string' ? value : json(value))
+export const shown = (value) =>
+  typeof value === 'string' ? value : value instanceof Uint8Array ? `<${value.length} bytes>` : json(value)
 
 export const valueCell = (value, cls = 'value') => {
   const text = shown(value)

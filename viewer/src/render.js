@@ -149,9 +149,13 @@ export const collections = (doc, prov, clients, config) => {
     const decl = declared[name] || {}
     const keepAll = kind === 'map' && decl.conflict === 'keep_all'
     let body
-    if (kind === 'map') body = mapTable(name, doc.getMap(name), prov, keepAll)
-    else if (kind === 'list') body = listTable(name, doc.getArray(name), clients)
-    else body = textBlock(name, doc.getText(name), clients)
+    try {
+      if (kind === 'map') body = mapTable(name, doc.getMap(name), prov, keepAll)
+      else if (kind === 'list') body = listTable(name, doc.getArray(name), clients)
+      else body = textBlock(name, doc.getText(name), clients)
+    } catch (err) { // (a root another client made of another type: show the rest)
+      body = h('p', { class: 'muted' }, `cannot show this collection: ${err.message || err}`)
+    }
     const tags = [kind, decl.policy && decl.policy !== 'open' ? decl.policy : null, keepAll ? 'keep_all' : null]
     out.push(h('section', { class: 'collection', 'data-name': name },
       h('h3', {}, name, ' ', tags.filter(Boolean).map((t) => h('span', { class: 'tag' }, t))),
