@@ -18,7 +18,9 @@ unused), and builds every value into the page as text.
 The HTML is the same for every run: what a page shows comes only over the token-checked
 connections. The one data answer given over plain HTTP is the index of runs
 (``?list=runs`` with ``Authorization: Bearer <token>``): a read-only token's runs of its own
-tenant (a prefix token: every run it covers), refused (401/403) otherwise.
+tenant (a prefix token: every run it covers), refused (401/403) otherwise. The page also
+asks it why when its connection never opens and the hub said nothing (``refuse_with="http"``
+refuses at the upgrade, which a browser's WebSocket cannot read).
 
 Every answer carries a strict Content-Security-Policy: scripts and styles from the hub only
 (no inline script or style, no ``eval``), connections to the hub only, no frames, no forms.

@@ -451,8 +451,8 @@ async def test_a_compacted_journal_starts_at_its_snapshot(served: Served, watche
 
 
 @contextlib.asynccontextmanager
-async def serving(store_url: str, port: int = 0) -> AsyncIterator[Served]:
-    hub = Hub(store_url, SECRET, limits=HubLimits(close_timeout=0.5))
+async def serving(store_url: str, port: int = 0, **options: Any) -> AsyncIterator[Served]:
+    hub = Hub(store_url, SECRET, limits=HubLimits(close_timeout=0.5), **options)
     async with anyio.create_task_group() as tg:
         yield Served(hub, await tg.start(hub.serve, "127.0.0.1", port))
         tg.cancel_scope.cancel()
@@ -595,3 +595,27 @@ async def test_a_shared_type_nested_by_a_plain_yjs_client_shows_as_json(
             )
             await expect(row(page, "notes", "nested").locator(".who")).to_have_text("carol")
     assert watched.dialogs == [] and watched.errors == []
+
+
+async def test_a_hub_refusing_at_the_upgrade_is_asked_why(tmp_path: Path, watched: Watched) -> None:
+    page = watched.page
+    run = "http-refusals"
+    async with serving(f"sqlite:///{tmp_path / 's.db'}", refuse_with="http") as hub:
+        async with agent(hub, "alice", run) as alice:
+            await alice.map("notes").set("password", "hunter2")
+            await alice.flush()
+        for tok, said in (
+            (token("viewer", "another-run"), "FORBIDDEN"),
+            (token("viewer", "team-*"), "FORBIDDEN"),
+            (token("viewer", "http-*", tenant="other"), "FORBIDDEN"),
+            (token("viewer", "nowhere"), "There is no run"),
+        ):
+            await page.goto("about:blank")
+            run_shown = "nowhere" if said.startswith("There") else run
+            await page.goto(hub.page_url(run_shown, tok))
+            await expect(page.locator("#error")).to_contain_text(said, timeout=DEADLINE)
+            assert "hunter2" not in await page.content()
+        await page.goto("about:blank")
+        await page.goto(hub.page_url(run, token("viewer", "http-*")))  # a prefix covering it
+        await expect(row(page, "notes", "password").locator(".value")).to_have_text("hunter2")
+    assert watched.dialogs == []

@@ -138,16 +138,42 @@ class RunView {
   connectHub () {
     const url = `${wsBase()}/${encodeURIComponent(this.tenant)}/${encodeURIComponent(this.run)}`
     this.hub = new HubChannel(url, this.token, {
-      onOpen: () => this.opened(),
+      onOpen: () => { this.everOpened = true; this.opened() },
       onPush: (push) => this.pushed(push),
       onClose: (event) => {
         this.badge('journal', 'disconnected')
         if (event.code >= 4400 && event.code < 4500) this.refuse(event.code, event.reason)
         if (this.refused) return
+        if (!this.everOpened && this.retry === 0) this.diagnose()
         const delay = Math.min(5000, 100 * 2 ** this.retry++)
         setTimeout(() => this.refused || this.connectHub(), delay)
       }
     })
+  }
+
+  /** The channel never opened and the hub said nothing (it refuses at the HTTP upgrade, or is
+   * not there): ask its index of runs why, and stop if the token is refused. */
+  async diagnose () {
+    let answer, body
+    try {
+      answer = await fetch(`${PREFIX}${encodeURIComponent(this.tenant)}/?list=runs`, {
+        headers: { Authorization: `Bearer ${this.token}` },
+        cache: 'no-store'
+      })
+      body = await answer.json()
+    } catch {
+      return // (the hub is not there: keep trying)
+    }
+    if (!answer.ok && body && body.error) {
+      this.refuse(answer.status, `${body.error.code}: ${body.error.message}`)
+    } else if (answer.ok && !body.runs.some((r) => r.run === this.run)) {
+      const claims = claimsOf(this.token) || {}
+      const scope = String(claims.run || '')
+      const covers = scope.endsWith('*') ? this.run.startsWith(scope.slice(0, -1)) : scope === this.run
+      this.refuse(covers ? 4404 : 403, covers
+        ? `UNKNOWN_RUN: no run ${this.run}`
+        : `FORBIDDEN: the token is for ${claims.tenant}/${claims.run}, not ${this.tenant}/${this.run}`)
+    }
   }
 
   badge (which, status) {
