@@ -1,168 +1,50 @@
-"""The record viewer in a real headless Chromium (Debian's ``/usr/bin/chromium``, driven by
-Playwright): a hub on 127.0.0.1 serves the page, Python agents write through ``ws://`` while it
-is open, and the page must show what they wrote, who wrote it and where in the journal; the
-leases and their queue; the record at an earlier journal position; values holding markup as
-text; nothing at all for a token of another run.
+"""The record viewer in a real headless Chromium (see tests/_viewer_page.py): a hub on
+127.0.0.1 serves the page, Python agents write through ``ws://`` while it is open, and the page
+must show what they wrote, who wrote it and where in the journal (maps, lists, texts by author,
+keep_all siblings, a real workflow's steps), the leases and their queue, the record at an
+earlier journal position, and follow the run across a compaction and a hub restart.
 
-One browser and one hub for the module, a fresh page per test. A screenshot of each state is
-saved into ``$CRDTSTORE_ARTIFACTS/viewer`` (default ``tests/artifacts/viewer``, gitignored).
 Waits are Playwright's ``expect`` (polls under a deadline) or ``until``, never a sleep.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from playwright.async_api import Browser, Dialog, Page, async_playwright, expect
+from playwright.async_api import expect
 from pycrdt import Doc, Map
 from websockets.asyncio.client import connect
 
-from crdtstore import CollectionSpec, Record, open_store, tree_merge
+from crdtstore import CollectionSpec, open_store, tree_merge
 from crdtstore.flow import StepContext, run_workflow
 from crdtstore.flow._state import StepEntry
-from sync import (
-    Awareness,
-    AwarenessEntry,
-    Hub,
-    HubLimits,
-    TokenClaims,
-    Update,
-    encode,
-    encode_awareness_update,
-    mint,
+from sync import Awareness, AwarenessEntry, Update, encode, encode_awareness_update
+from tests import _viewer_page as shared
+from tests._viewer_page import (
+    DEADLINE,
+    FAST,
+    TENANT,
+    Served,
+    Watched,
+    agent,
+    row,
+    seq_of,
+    serving,
+    token,
 )
 from tests._wait import elapsed, until
 
 pytestmark = pytest.mark.anyio
 
-SECRET = b"viewer-test-secret-0123456789"
-TENANT = "acme"
-CHROMIUM = "/usr/bin/chromium"
-DEADLINE = 10_000  # ms, for Playwright's expect
-ARTIFACTS = (
-    Path(os.environ.get("CRDTSTORE_ARTIFACTS", Path(__file__).parent / "artifacts")) / "viewer"
-)
-FAST = {"min_backoff": 0.02, "max_backoff": 0.2, "connect_timeout": 5.0}
-MARKUP = "<img src=x onerror=alert(1)>"
-
-
-def token(agent: str, run: str, *, mode: str = "ro", tenant: str = TENANT) -> str:
-    claims = TokenClaims(
-        tenant=tenant,
-        run=run,
-        agent=agent,
-        mode=mode,
-        exp=int(time.time() + 3600),  # type: ignore[arg-type]
-    )
-    return mint(SECRET, claims)
-
-
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"  # the hub runs on websockets' asyncio implementation; so does Playwright
-
-
-@dataclass
-class Served:
-    hub: Hub
-    port: int
-
-    @property
-    def ws(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/{TENANT}"
-
-    def page_url(self, run: str, tok: str, tenant: str = TENANT) -> str:
-        return f"http://127.0.0.1:{self.port}/-/view/{tenant}/{run}#token={tok}"
-
-
-@pytest.fixture(scope="module")
-async def served(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Served]:
-    path = tmp_path_factory.mktemp("viewer") / "store.db"
-    hub = Hub(f"sqlite:///{path}", SECRET, limits=HubLimits(close_timeout=0.5))
-    async with anyio.create_task_group() as tg:
-        port = await tg.start(hub.serve, "127.0.0.1", 0)
-        yield Served(hub, port)
-        tg.cancel_scope.cancel()
-
-
-@pytest.fixture(scope="module")
-async def browser() -> AsyncIterator[Browser]:
-    assert Path(CHROMIUM).exists(), f"{CHROMIUM} is missing: apt-get install chromium"
-    async with async_playwright() as pw:
-        launched = await pw.chromium.launch(executable_path=CHROMIUM, headless=True)
-        try:
-            yield launched
-        finally:
-            await launched.close()
-
-
-@dataclass
-class Watched:
-    """A page and what it did that it must not: dialogs, script errors, CSP violations."""
-
-    page: Page
-    dialogs: list[str] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-    sockets: list[str] = field(default_factory=list)
-
-    async def shot(self, name: str) -> Path:
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        out = ARTIFACTS / f"{name}.png"
-        await self.page.screenshot(path=str(out), full_page=True)
-        return out
-
-
-@pytest.fixture
-async def watched(browser: Browser) -> AsyncIterator[Watched]:
-    context = await browser.new_context(viewport={"width": 1280, "height": 800})
-    page = await context.new_page()
-    w = Watched(page)
-
-    async def dismiss(dialog: Dialog) -> None:
-        w.dialogs.append(dialog.message)
-        await dialog.dismiss()
-
-    page.on("dialog", dismiss)
-    page.on("pageerror", lambda exc: w.errors.append(str(exc)))
-    page.on(
-        "console",
-        lambda msg: w.errors.append(msg.text) if msg.type == "error" else None,
-    )
-    page.on("websocket", lambda ws: w.sockets.append(ws.url))
-    try:
-        yield w
-    finally:
-        await context.close()
-
-
-@contextlib.asynccontextmanager
-async def agent(
-    served: Served, name: str, run: str, schema: dict[str, CollectionSpec] | None = None
-) -> AsyncIterator[Record]:
-    async with (
-        open_store(served.ws, token=token(name, run, mode="rw"), **FAST) as store,
-        store.open_record(run, name, schema=schema) as rec,
-    ):
-        yield rec
-
-
-def row(page: Page, collection: str, key: str) -> Any:
-    return page.locator(f'tr[data-collection="{collection}"][data-key="{key}"]')
-
-
-async def seq_of(rec: Record, collection: str, key: str) -> int:
-    await rec.flush()
-    prov = await until(lambda: rec.provenance(collection, key), f"provenance of {key}")
-    assert prov.seq is not None
-    return int(prov.seq)
+# the shared fixtures (one hub and one browser for the module, a page per test)
+anyio_backend = shared.anyio_backend
+served = shared.served
+browser = shared.browser
+watched = shared.watched
 
 
 async def test_a_write_shows_its_value_agent_and_journal_position(
@@ -343,90 +225,6 @@ async def test_the_scrubber_shows_the_record_at_an_earlier_position(
     assert watched.dialogs == [] and watched.errors == []
 
 
-async def test_markup_in_values_shows_as_text_and_runs_nothing(
-    served: Served, watched: Watched
-) -> None:
-    run = "markup"
-    page = watched.page
-    script = "<script>window.pwned = 1</script>"
-    async with agent(served, "alice", run) as alice:
-        await alice.map("notes").set("img", MARKUP)
-        await alice.map("notes").set(MARKUP, script)
-        await alice.list("log").append(MARKUP)
-        await alice.text("draft").insert(0, f"{MARKUP} {script}")
-        await alice.flush()
-        await page.goto(served.page_url(run, token("viewer", run)))
-        await expect(row(page, "notes", "img").locator(".value")).to_have_text(MARKUP)
-        await expect(row(page, "notes", MARKUP).locator(".key")).to_have_text(MARKUP)
-        await expect(row(page, "notes", MARKUP).locator(".value")).to_have_text(script)
-        await expect(page.locator('pre.text[data-collection="draft"]')).to_have_text(
-            f"{MARKUP} {script}"
-        )
-        await page.locator("#scrubber").fill("1")  # the past is built the same way
-        await expect(page.locator("#entry")).to_contain_text("#1")
-        await page.locator("#live").click()
-        await expect(page.locator('tr[data-collection="log"] .value')).to_have_text(MARKUP)
-        await watched.shot("5-markup-as-text")
-    assert await page.locator("img").count() == 0
-    assert await page.locator("#collections script").count() == 0
-    assert await page.evaluate("window.pwned") is None
-    assert watched.dialogs == [], watched.dialogs
-    assert watched.errors == [], watched.errors
-
-
-async def test_a_token_for_another_run_gets_no_data(served: Served, watched: Watched) -> None:
-    run = "secret"
-    page = watched.page
-    async with agent(served, "alice", run) as alice:
-        await alice.map("notes").set("password", "hunter2")
-        await alice.flush()
-        received: list[Any] = []
-        page.on("websocket", lambda ws: ws.on("framereceived", lambda f: received.append(f)))
-        await page.goto(served.page_url(run, token("viewer", "another-run")))
-        await expect(page.locator("#error")).to_contain_text("FORBIDDEN", timeout=DEADLINE)
-        await expect(page.locator("#run")).to_be_hidden()
-        await watched.shot("6-refused-other-run")
-        assert received == [], "the hub sent frames to a refused connection"
-        assert "hunter2" not in await page.content()
-        assert await page.evaluate("window.crdtstoreViewer.journal.head") == 0
-        # a read-write token is never used: no connection is even opened
-        watched.sockets.clear()
-        await page.goto("about:blank")
-        await page.goto(served.page_url(run, token("alice", run, mode="rw")))
-        await expect(page.locator("#error")).to_contain_text("read-write")
-        assert watched.sockets == []
-        assert await page.evaluate("sessionStorage.length") == 0
-        # a run that does not exist: said so (a read-only token cannot create it)
-        await page.goto("about:blank")
-        await page.goto(served.page_url("nowhere", token("viewer", "nowhere")))
-        await expect(page.locator("#error")).to_contain_text("There is no run nowhere")
-        # another tenant's token: refused too
-        await page.goto("about:blank")
-        await page.goto(served.page_url(run, token("viewer", run, tenant="other")))
-        await expect(page.locator("#error")).to_contain_text("FORBIDDEN", timeout=DEADLINE)
-        assert "hunter2" not in await page.content()
-    assert watched.dialogs == []
-
-
-async def test_the_index_lists_only_the_runs_the_token_may_see(
-    served: Served, watched: Watched
-) -> None:
-    page = watched.page
-    for run in ("team-a", "team-b", "private"):
-        async with agent(served, "alice", run) as rec:
-            await rec.map("notes").set("x", run)
-            await rec.flush()
-    await page.goto(
-        f"http://127.0.0.1:{served.port}/-/view/{TENANT}/#token={token('viewer', 'team-*')}"
-    )
-    await expect(page.locator("#runs tr[data-run]")).to_have_count(2, timeout=DEADLINE)
-    await expect(page.locator("#runs")).not_to_contain_text("private")
-    await watched.shot("7-index")
-    await page.locator('#runs tr[data-run="team-b"] a').click()
-    await expect(row(page, "notes", "x").locator(".value")).to_have_text("team-b")
-    assert watched.dialogs == [] and watched.errors == []
-
-
 async def test_a_compacted_journal_starts_at_its_snapshot(served: Served, watched: Watched) -> None:
     run = "compacted"
     page = watched.page
@@ -448,14 +246,6 @@ async def test_a_compacted_journal_starts_at_its_snapshot(served: Served, watche
         await expect(row(page, "notes", "after")).to_have_count(0)
         await watched.shot("8-compacted")
     assert watched.dialogs == [] and watched.errors == []
-
-
-@contextlib.asynccontextmanager
-async def serving(store_url: str, port: int = 0, **options: Any) -> AsyncIterator[Served]:
-    hub = Hub(store_url, SECRET, limits=HubLimits(close_timeout=0.5), **options)
-    async with anyio.create_task_group() as tg:
-        yield Served(hub, await tg.start(hub.serve, "127.0.0.1", port))
-        tg.cancel_scope.cancel()
 
 
 async def test_the_page_follows_the_run_across_a_hub_restart(
@@ -595,27 +385,3 @@ async def test_a_shared_type_nested_by_a_plain_yjs_client_shows_as_json(
             )
             await expect(row(page, "notes", "nested").locator(".who")).to_have_text("carol")
     assert watched.dialogs == [] and watched.errors == []
-
-
-async def test_a_hub_refusing_at_the_upgrade_is_asked_why(tmp_path: Path, watched: Watched) -> None:
-    page = watched.page
-    run = "http-refusals"
-    async with serving(f"sqlite:///{tmp_path / 's.db'}", refuse_with="http") as hub:
-        async with agent(hub, "alice", run) as alice:
-            await alice.map("notes").set("password", "hunter2")
-            await alice.flush()
-        for tok, said in (
-            (token("viewer", "another-run"), "FORBIDDEN"),
-            (token("viewer", "team-*"), "FORBIDDEN"),
-            (token("viewer", "http-*", tenant="other"), "FORBIDDEN"),
-            (token("viewer", "nowhere"), "There is no run"),
-        ):
-            await page.goto("about:blank")
-            run_shown = "nowhere" if said.startswith("There") else run
-            await page.goto(hub.page_url(run_shown, tok))
-            await expect(page.locator("#error")).to_contain_text(said, timeout=DEADLINE)
-            assert "hunter2" not in await page.content()
-        await page.goto("about:blank")
-        await page.goto(hub.page_url(run, token("viewer", "http-*")))  # a prefix covering it
-        await expect(row(page, "notes", "password").locator(".value")).to_have_text("hunter2")
-    assert watched.dialogs == []
