@@ -43,15 +43,16 @@ def setup(extras: str) -> None:
 
 
 def interop_packages() -> None:
-    """Install the npm packages of the JavaScript interop tests (tests/interop) if missing.
+    """Install the npm packages of the JavaScript interop tests (tests/interop) and of the
+    viewer's bundle build (viewer/) if missing.
 
-    Without npm nothing is installed: the interop tests then fail, saying what to run.
+    Without npm nothing is installed: those tests then fail, saying what to run.
     """
-    interop = ROOT / "tests" / "interop"
     npm = shutil.which("npm")
-    if npm is None or (interop / "node_modules").is_dir():
-        return
-    run(npm, "ci", "--prefix", interop, "--no-audit", "--no-fund", "--loglevel=error")
+    for folder in (ROOT / "tests" / "interop", ROOT / "viewer"):
+        if npm is None or (folder / "node_modules").is_dir():
+            continue
+        run(npm, "ci", "--prefix", folder, "--no-audit", "--no-fund", "--loglevel=error")
 
 
 def main(argv: list[str]) -> int:

@@ -90,6 +90,7 @@ from ._tokens import (
     read_revoked,
     verify,
 )
+from ._viewer import view_route  # the record viewer's pages, and its op view.connections
 
 __all__ = ["HUB_AGENT", "SUBPROTOCOL", "Hub", "HubLimits"]
 
@@ -177,7 +178,7 @@ class Hub(_RunLoader):
         self._tg: TaskGroup | None = None
         self._stopping = anyio.Event()
         # plain HTTP endpoints under /-/<name>/... (the viewer, metrics, health): name -> handler
-        self.http_routes: dict[str, HttpRoute] = {}
+        self.http_routes: dict[str, HttpRoute] = {"view": view_route}
         _check_secret(secret)  # fail now, not at the first connection
         self._read_revoked_file(strict=True)  # an unreadable list: fail now, not serve without
 
