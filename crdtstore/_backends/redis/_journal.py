@@ -15,9 +15,11 @@ from typing import Any, Literal
 import anyio
 
 from ..._errors import BackendError, InvalidValue, RunClosed, UnknownRun
+from ..._guarded_append import Guard
 from ..._journal import Authority, JournalBackend, NewEntry, Row, RunRow, SnapshotRow
 from ._authority import Backoff, RedisAuthority
 from ._client import Scripts, make_client, mapped, require_asyncio
+from ._guarded import append_guarded_at
 from ._keys import Keys, RunKeys, parse_url, redis_options
 from ._tail import Tail
 
@@ -198,6 +200,28 @@ class RedisJournal(JournalBackend):
             return None
         return self._tail.seen({self.keys.run_keys(tenant, r).stream: r for r in runs})
 
+    guard_in_append = True  # the authority is a lock (see AtomicGuardedAppend)
+
+    def hosts_leases(self, leases: object) -> bool:
+        """Whether the append script can check fences of ``leases``: a lease backend on this
+        very journal (see :class:`~crdtstore._guarded_append.AtomicGuardedAppend`)."""
+        from ._leases import RedisLeases
+
+        return isinstance(leases, RedisLeases) and leases.journal is self
+
+    async def append_guarded_at(
+        self,
+        tenant: str,
+        run: str,
+        entries: Sequence[NewEntry],
+        guard: Guard,
+        *,
+        durable: bool,
+    ) -> list[int]:
+        """Check ``guard`` and append, in one script (see ``_guarded.py``)."""
+        args = _entry_args(entries)
+        return await append_guarded_at(self, tenant, run, entries, args, guard, durable=durable)
+
     def lease_backend(self) -> Any:
         """The lease backend of this store (leases in the same Redis)."""
         from ._leases import RedisLeases
@@ -363,7 +387,7 @@ class RedisJournal(JournalBackend):
         if local is not None and local.locked():
             async with local:  # wait for this store's own open authority to end
                 pass
-        args = ["", "", len(entries), *_entry_args(entries)]
+        args = ["", "", len(entries), "", *_entry_args(entries)]
         backoff = Backoff("append")
         while True:
             with mapped("append"):
@@ -378,9 +402,8 @@ class RedisJournal(JournalBackend):
             await self._durable()
         return list(range(first, first + len(entries)))
 
-    @staticmethod
-    def _append_keys(keys: RunKeys) -> list[str]:
-        return [keys.meta, keys.stream, keys.index, keys.lock]
+    def _append_keys(self, keys: RunKeys) -> list[str]:
+        return [keys.meta, keys.stream, keys.index, keys.lock, self.keys.leases(keys.tenant)[0]]
 
     def _appended(self, tenant: str, run: str, keys: RunKeys, got: Sequence[bytes]) -> int:
         """The first position of an append script's answer (or its refusal, raised)."""
@@ -528,7 +551,7 @@ class RedisJournal(JournalBackend):
             await self._unlock(keys, auth.token)
             return
         entries = auth.pending
-        args = [auth.token, auth.head, len(entries), *_entry_args(entries)]
+        args = [auth.token, auth.head, len(entries), "", *_entry_args(entries)]
         with mapped("authority commit"):
             got = await self.scripts.append(keys=self._append_keys(keys), args=args)
         first = self._appended(tenant, run, keys, got)
