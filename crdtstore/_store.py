@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from importlib.metadata import entry_points
 from typing import Any, Literal
 
@@ -104,7 +104,7 @@ def _info(row: RunRow) -> RunInfo:
 
 
 def open_store(
-    url: str,
+    url: str | Sequence[str],
     *,
     tenant: str | None = None,
     durability: Durability = "batched",
@@ -122,6 +122,9 @@ def open_store(
 
     Args:
         url: where the store lives; a sqlite file and its folder are created if missing.
+            Several URLs of one backend (a list, or one string with commas), for a backend
+            served by several servers: ``ws://`` hubs sharing one Redis (the client moves to
+            the next when its hub goes away).
         tenant: the tenant every run of this store object belongs to (default ``default``,
             or the tenant the URL names; an argument contradicting the URL is refused).
         durability: default durability of records: ``batched`` (writes return at once; flush
@@ -163,6 +166,8 @@ def open_store(
         raise InvalidValue(f"auto_compact must be a positive int or None, not {auto_compact!r}")
     if token is not None:
         backend_options["token"] = token
+    if not isinstance(url, str):
+        url = ",".join(url)
     backend = _backend_for(url, **backend_options)
     url_tenant: str | None = getattr(backend, "tenant", None)
     if url_tenant is not None and tenant is not None and tenant != url_tenant:
