@@ -21,6 +21,7 @@ from crdtstore._journal import NewEntry, Op, checksum
 
 from . import test_fenced_writes as fenced
 from ._redis import RedisServer
+from ._wait import until
 
 pytestmark = pytest.mark.anyio
 
@@ -215,3 +216,40 @@ def test_guarded_counter_across_processes_on_redis(server: RedisServer) -> None:
     from .test_guarded_processes import check_counters
 
     check_counters(server.url(), 4, 2.0)
+
+
+async def test_fences_and_tokens_across_a_redis_kill9(tmp_path: Path) -> None:
+    """``kill -9`` of redis-server and a restart on the same folder: the holder's fenced
+    writes go on with its token, the next grant's token is higher, and the old token is
+    refused from then on."""
+    srv = RedisServer(tmp_path / "redis").start()
+    try:
+        async with (
+            crdtstore.open_store(srv.url()) as store,
+            store.open_record(run="r", agent="a") as rec,
+        ):
+            lease = store.lease(["item:tasks/t1"], ttl=60, owner="a")
+            await lease.acquire()
+            await rec.map("m").set("t1", 1, lease=lease, resource="item:tasks/t1")
+            srv.kill9()
+            srv.start()
+
+            async def fenced_write() -> bool:
+                try:
+                    await rec.map("m").set("t1", 2, lease=lease, resource="item:tasks/t1")
+                except crdtstore.BackendError:
+                    return False
+                return True
+
+            await until(fenced_write, "a fenced write after the restart")
+            await lease.release()
+            newer = store.lease(["item:tasks/t1"], ttl=60, owner="b")
+            await newer.acquire()
+            assert newer.token > lease.token
+            with pytest.raises(LeaseLost):
+                await rec.map("m").set("t1", 3, lease=lease, resource="item:tasks/t1")
+            await rec.map("m").set("t1", 4, lease=newer, resource="item:tasks/t1")
+            await newer.release()
+            assert rec.map("m")["t1"] == 4
+    finally:
+        srv.stop()
