@@ -78,7 +78,7 @@ async def append_guarded_at(
         raise await _fence_error(journal, tenant, guard)
     first = journal._appended(tenant, run, keys, got)
     if journal.tail is not None and entries:
-        journal.tail.wrote(keys.stream, first, first + len(entries) - 1)
+        journal.tail.wrote(keys.stream, first, entries)
     if durable:
         await journal._durable()
     return list(range(first, first + len(entries)))
