@@ -99,6 +99,7 @@ class Tail:
         self._kicks: set[asyncio.Task[None]] = set()
         self._closing = False
         self.reconnects = 0  # times the connection came back after a failure
+        self.healthy = False  # the last stream read succeeded (its positions are current)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="crdtstore-tail")
@@ -164,7 +165,13 @@ class Tail:
         stream, from those kept; None unless every one of them is kept (the reader then
         reads Redis). Entries appended since are announced by a later wake-up."""
         got = self._runs.get(stream.encode())
-        if got is None or after >= got.seen or (after + 1) not in got.rows:
+        if got is None or not self.healthy:
+            return None
+        if after >= got.seen:
+            # nothing past `after` known: a wake-up for this store's own append (the stream
+            # read saw it before the append's answer came); anything newer wakes again
+            return []
+        if (after + 1) not in got.rows:
             return None
         out: list[Row] = []
         rows, seq = got.rows, after + 1
@@ -248,6 +255,8 @@ class Tail:
                     self._client = self._connect()
                     self._client_id = int(await self._client.client_id())
                 self._reading = version
+                if self._version == version:
+                    self.healthy = True  # (set once the read is sent on a working client)
                 reply = await self._client.execute_command(
                     "XREAD", "COUNT", COUNT, "BLOCK", self._block_ms, "STREAMS", *keys, *ids
                 )
@@ -257,6 +266,7 @@ class Tail:
                     self._handle(got)
             except (RedisError, OSError) as exc:
                 self._reading = -1
+                self.healthy = False
                 if not failed:
                     log.warning("redis stream read failed (%s); reconnecting", exc)
                 failed = True
