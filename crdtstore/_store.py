@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ._backends.memory import MemoryJournal
 from ._backends.sqlite import SQLiteJournal
-from ._errors import InvalidValue, StoreClosed, UnsupportedURL
+from ._errors import InvalidValue, LeaseHeld, StoreClosed, UnsupportedURL
 from ._heap import release_free_memory
 from ._journal import (
     Durability,
@@ -97,6 +97,11 @@ class CompactionResult(BaseModel):
     snapshot_bytes: int
     journal_dropped: bool
     seconds: float
+
+
+COMPACTION_ITEMS = "__crdtstore_compaction"
+"""The collection of the work items whose leases are runs' compaction leases (see
+:meth:`Store.compact`)."""
 
 
 def _info(row: RunRow) -> RunInfo:
@@ -508,7 +513,42 @@ class Store:
         Processes that are tailing the run keep working: the journal entries stay (they are
         the audit trail) unless ``drop_journal``; a reader that falls behind a dropped prefix
         takes the snapshot instead.
+
+        On a backend shared by many processes that asks for it (``compaction_lease``:
+        Redis), the compaction holds the run's compaction lease (the work item
+        ``__crdtstore_compaction/<run>``), waiting for another process's compaction of the
+        run to end first: one compactor of a run at a time.
         """
+        return await self._compact(run, drop_journal, progress, wait=True)
+
+    async def _compact(
+        self,
+        run: str,
+        drop_journal: bool,
+        progress: Callable[[int, int], None] | None,
+        *,
+        wait: bool,
+    ) -> CompactionResult:
+        """:meth:`compact`; ``wait``: False to raise ``LeaseHeld`` at once when another
+        process compacts the run (the automatic compaction then leaves it to that one)."""
+        lease: Lease | None = None
+        if getattr(self._backend, "compaction_lease", False):
+            from ._leases import item_resource
+
+            resource = item_resource(COMPACTION_ITEMS, run)
+            lease = self.lease([resource], ttl=30.0, owner="compactor", wait=wait)
+            await lease.acquire()
+        try:
+            return await self._compact_held(run, drop_journal, progress)
+        finally:
+            if lease is not None:
+                with anyio.CancelScope(shield=True):
+                    await lease.release()
+
+    async def _compact_held(
+        self, run: str, drop_journal: bool, progress: Callable[[int, int], None] | None
+    ) -> CompactionResult:
+
         started = time.perf_counter()
         info = await self.run_info(run)
         replica = await self.replay(run, progress=progress)
@@ -560,7 +600,7 @@ class Store:
             info = await self.run_info(run)
             self._snapshot_at[run] = info.snapshot_seq
             if info.head - info.snapshot_seq > limit:  # else another process compacted it
-                result = await self.compact(run)
+                result = await self._compact(run, False, None, wait=False)
                 self._snapshot_at[run] = result.seq
                 self._snapshot_bytes[run] = result.snapshot_bytes
                 log.debug(
@@ -572,6 +612,8 @@ class Store:
                     result.snapshot_bytes,
                 )
                 done = True
+        except LeaseHeld:  # another process compacts it now
+            self._snapshot_at[run] = max(self._snapshot_at.get(run, 0), head)
         except Exception as exc:  # background work must not take the store down
             # do not retry before another ``limit`` entries
             self._snapshot_at[run] = max(self._snapshot_at.get(run, 0), head)

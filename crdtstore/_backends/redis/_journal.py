@@ -26,6 +26,7 @@ from ._tail import Tail
 log = logging.getLogger("crdtstore.redis")
 
 TRIM_CHUNK = 1000  # journal entries removed per script call below a snapshot
+TRIM_GRACE = 1.0  # seconds between a snapshot and the trim of the entries below it
 WAITAOF_TIMEOUT_MS = 10_000  # how long a durable write waits for the append-only file
 
 _HOST = socket.gethostname()
@@ -60,15 +61,32 @@ class RedisJournal(JournalBackend):
             crdtstore's own: ``prefix`` (the key space, default ``crdtstore``) and
             ``lock_ttl`` (seconds an authority lock outlives a silent holder, default 10).
         prefix, lock_ttl: the same as keyword arguments (``open_store(url, prefix=...)``).
+        trim_grace: seconds a compaction with ``drop_journal`` waits between storing the
+            snapshot and trimming the entries below it (default 1).
         options: further keyword arguments for ``redis.asyncio.Redis.from_url``.
     """
 
     name = "redis"
 
+    compaction_lease = True  # many processes share it: one compactor per run (Store.compact)
+
     def __init__(
-        self, url: str, *, prefix: str | None = None, lock_ttl: float | None = None, **options: Any
+        self,
+        url: str,
+        *,
+        prefix: str | None = None,
+        lock_ttl: float | None = None,
+        trim_grace: float = TRIM_GRACE,
+        **options: Any,
     ) -> None:
         self.url = parse_url(url, prefix=prefix, lock_ttl=lock_ttl)
+        if (
+            isinstance(trim_grace, bool)
+            or not isinstance(trim_grace, int | float)
+            or not (0 <= trim_grace <= 3600)
+        ):
+            raise InvalidValue(f"trim_grace must be between 0 and 3600 seconds, not {trim_grace!r}")
+        self.trim_grace = float(trim_grace)
         self.keys = Keys(self.url.prefix)
         self._options = redis_options(options)
         self._client: Any = None
@@ -461,8 +479,11 @@ class RedisJournal(JournalBackend):
         if got[0] == b"unknown":
             raise UnknownRun(tenant, run)
         kept = int(got[1])
-        # the new snapshot is stored (or a newer one is there): only now the entries it
+        # the new snapshot is stored (or a newer one is there): only now, and after a grace
+        # period (a reader woken for entries below it reads them meanwhile), the entries it
         # covers go, by chunks (each chunk one atomic step; readers see a shorter prefix)
+        if drop_journal and self.trim_grace:
+            await anyio.sleep(self.trim_grace)
         while drop_journal:
             with mapped("save_snapshot"):
                 n = await self.scripts.trim(keys=[keys.stream, keys.index], args=[kept, TRIM_CHUNK])
