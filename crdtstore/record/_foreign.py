@@ -4,7 +4,9 @@
 their effect (:meth:`~._replica.Replica.apply_external`) checked against the run's policies
 first. :meth:`ForeignWrites._append_externals` is the hub's: it journals a ``ws://`` client's
 updates labelled with that client's id, guarded ones inside an authority transaction
-(``_append_slow``), unguarded ones through the record's own group commit (``_append_fast``).
+(``_append_slow``) or, on a backend that decides guards in its append, through it
+(``_append_atomic``: several hubs on one Redis), unguarded ones through the record's own
+group commit (``_append_fast``).
 """
 
 from __future__ import annotations

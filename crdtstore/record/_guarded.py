@@ -4,9 +4,12 @@ A guarded write (``expected_version``, ``based_on``) and a fenced one (``lease``
 and journaled inside one exclusive journal transaction (:meth:`GuardedWrites._write_guarded`):
 entries not seen yet are applied, the record's own pending entries appended first (the
 journal order stays causal), then the guard is checked, and only then is the write applied
-and journaled; a refusal changes nothing. Behind a server (``ws://``) the write is made on a
-scratch copy and sent with its guard (:meth:`GuardedWrites._write_guarded_remote`). A
-:class:`Claim` is a lease on a work item plus a fenced entry in the ``claims`` map.
+and journaled; a refusal changes nothing. On a backend that decides the guard in its append
+(Redis, ``crdtstore._guarded_append``) no transaction is held: the write is made on a scratch
+copy and appended with its guard in one atomic step (:meth:`GuardedWrites._write_guarded_atomic`).
+Behind a server (``ws://``) the write is made on a scratch copy and sent with its guard
+(:meth:`GuardedWrites._write_guarded_remote`). A :class:`Claim` is a lease on a work item plus
+a fenced entry in the ``claims`` map.
 """
 
 from __future__ import annotations
