@@ -13,6 +13,9 @@
   (every process writes a timestamp and observes the others' through ``rec.changes()``) on a
   ``redis://`` store, against the same harness on a ``sqlite:///`` store. Target: p99 <= 10 ms
   with 8 processes.
+- **two hubs against one**: one writer and 4 readers, ``ws://`` clients of
+  ``bench/ws_propagation.py`` (``python -m sync --store redis://...`` hubs): the writer on one
+  hub, the readers on another (their entries cross Redis), against all of them on one hub.
 - **leases**: ``backend.request`` + ``release`` of one resource (a Lua script each: FIFO,
   all-or-nothing, fencing tokens) and ``async with store.lease(...)``, against redis-py's
   ``Lock`` ``acquire()`` + ``release()`` (``SET NX PX`` and a release script; no queue, no
@@ -37,6 +40,7 @@ from typing import Any
 import anyio
 from _common import Result, fmt, header, table
 from propagation import run_variant
+from ws_propagation import SKIP, Hub
 
 import crdtstore
 from crdtstore._leases import this_proc
@@ -188,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             results += bench_writes(server, folder, n)
             results += bench_leases(server, pairs)
             results += bench_propagation(server, folder, procs, prop_n)
+            results += bench_hubs(server, prop_n)
         finally:
             server.stop()
     for r in results:
@@ -265,6 +270,70 @@ def bench_propagation(server: Server, folder: Path, procs: list[int], n: int) ->
             )  # fmt: skip
     print(f"\npropagation: {n} writes per process every 20 ms +-50%, observed by the others")
     table(["store", "procs", "load", "samples", "p50", "p99", "max", "CPU/proc", "observed"], rows)
+    return out
+
+
+def hub_trial(writer_hub: Hub, reader_hub: Hub, run: str, readers: int, n: int) -> list[float]:
+    """Latencies (ms) of ``n`` writes at 100/s from a writer on ``writer_hub`` to ``readers``
+    readers on ``reader_hub`` (the agents of ``bench/ws_propagation.py``)."""
+    from _common import readline, spawn, stop, tell
+
+    me = str(Path(__file__).resolve().with_name("ws_propagation.py"))
+    common = ["--n", str(n), "--rate", "100", "--run", run]
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        w_url = f"ws://127.0.0.1:{writer_hub.port}/bench"
+        r_url = f"ws://127.0.0.1:{reader_hub.port}/bench"
+        token = writer_hub.token(run, "writer", "rw")
+        writer = spawn([me, "--agent", "writer", "--token", token, "--url", w_url, *common])
+        procs.append(writer)
+        readline(writer, "READY")
+        rs = [
+            spawn([me, "--agent", "reader", "--token", writer_hub.token(run, f"r{i}", "ro"),
+                   "--url", r_url, *common])
+            for i in range(readers)
+        ]  # fmt: skip
+        procs += rs
+        for p in rs:
+            readline(p, "READY")
+        tell(writer)
+        import json
+
+        sent = json.loads(readline(writer, "RESULT "))["sent"]
+        lat: list[float] = []
+        for p in rs:
+            arrivals = json.loads(readline(p, "RESULT "))["arrivals"]
+            lat += [(at - sent[i]) / 1e6 for i, at in enumerate(arrivals) if at and i >= SKIP]
+        return lat
+    finally:
+        for p in procs:
+            stop(p)
+
+
+def bench_hubs(server: Server, n: int) -> list[Result]:
+    from _common import percentile
+
+    secret = "bench-redis-hubs-secret-0123456789"
+    one, two = Hub(server.url("h"), secret), Hub(server.url("h"), secret)
+    try:
+        same = hub_trial(one, one, "same", 4, n)
+        cross = hub_trial(one, two, "cross", 4, n)
+    finally:
+        for hub in (one, two):
+            hub.proc.terminate()
+            hub.proc.wait(timeout=30)
+    rows = [
+        [name, f"{len(lat):,}", fmt(percentile(lat, 50), "ms"), fmt(percentile(lat, 99), "ms")]
+        for name, lat in (("writer and readers on one hub", same),
+                          ("writer on hub 1, readers on hub 2", cross))
+    ]  # fmt: skip
+    print(f"\nws:// clients on hubs sharing one Redis: 1 writer, 4 readers, {n} writes at 100/s")
+    table(["placement", "samples", "p50", "p99"], rows)
+    out = []
+    for q in (50, 99):
+        v, b = percentile(cross, q), percentile(same, q)
+        out.append(Result("redis_journal", f"two hubs p{q}", v, "ms", b, v / b if b else None,
+                          "(vs one hub)", None))  # fmt: skip
     return out
 
 
