@@ -205,7 +205,11 @@ def raw_child(
 # -- parent ---------------------------------------------------------------------------------------
 
 
-def run_variant(kind: str, procs: int, n: int, interval: float, tmp: Path) -> dict[str, Any]:
+def run_variant(
+    kind: str, procs: int, n: int, interval: float, tmp: Path, url: str | None = None
+) -> dict[str, Any]:
+    """One configuration; ``url``: the crdtstore store to use (default: a SQLite file in
+    ``tmp``; ``bench/redis_journal.py`` passes a ``redis://`` one)."""
     ctx = mp.get_context("spawn")
     d = tmp / f"{kind}-{procs}"
     d.mkdir()
@@ -214,7 +218,7 @@ def run_variant(kind: str, procs: int, n: int, interval: float, tmp: Path) -> di
 
         import crdtstore
 
-        url = f"sqlite:///{d / 'store.db'}"
+        url = url or f"sqlite:///{d / 'store.db'}"
 
         async def create() -> None:
             async with (

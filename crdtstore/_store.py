@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from importlib.metadata import entry_points
 from typing import Any, Literal
 
@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ._backends.memory import MemoryJournal
 from ._backends.sqlite import SQLiteJournal
-from ._errors import InvalidValue, StoreClosed, UnsupportedURL
+from ._errors import InvalidValue, LeaseHeld, StoreClosed, UnsupportedURL
 from ._heap import release_free_memory
 from ._journal import (
     Durability,
@@ -99,12 +99,17 @@ class CompactionResult(BaseModel):
     seconds: float
 
 
+COMPACTION_ITEMS = "__crdtstore_compaction"
+"""The collection of the work items whose leases are runs' compaction leases (see
+:meth:`Store.compact`)."""
+
+
 def _info(row: RunRow) -> RunInfo:
     return RunInfo(**row._asdict())
 
 
 def open_store(
-    url: str,
+    url: str | Sequence[str],
     *,
     tenant: str | None = None,
     durability: Durability = "batched",
@@ -122,6 +127,9 @@ def open_store(
 
     Args:
         url: where the store lives; a sqlite file and its folder are created if missing.
+            Several URLs of one backend (a list, or one string with commas), for a backend
+            served by several servers: ``ws://`` hubs sharing one Redis (the client moves to
+            the next when its hub goes away).
         tenant: the tenant every run of this store object belongs to (default ``default``,
             or the tenant the URL names; an argument contradicting the URL is refused).
         durability: default durability of records: ``batched`` (writes return at once; flush
@@ -163,6 +171,8 @@ def open_store(
         raise InvalidValue(f"auto_compact must be a positive int or None, not {auto_compact!r}")
     if token is not None:
         backend_options["token"] = token
+    if not isinstance(url, str):
+        url = ",".join(url)
     backend = _backend_for(url, **backend_options)
     url_tenant: str | None = getattr(backend, "tenant", None)
     if url_tenant is not None and tenant is not None and tenant != url_tenant:
@@ -511,7 +521,42 @@ class Store:
         Processes that are tailing the run keep working: the journal entries stay (they are
         the audit trail) unless ``drop_journal``; a reader that falls behind a dropped prefix
         takes the snapshot instead.
+
+        On a backend shared by many processes that asks for it (``compaction_lease``:
+        Redis), the compaction holds the run's compaction lease (the work item
+        ``__crdtstore_compaction/<run>``), waiting for another process's compaction of the
+        run to end first: one compactor of a run at a time.
         """
+        return await self._compact(run, drop_journal, progress, wait=True)
+
+    async def _compact(
+        self,
+        run: str,
+        drop_journal: bool,
+        progress: Callable[[int, int], None] | None,
+        *,
+        wait: bool,
+    ) -> CompactionResult:
+        """:meth:`compact`; ``wait``: False to raise ``LeaseHeld`` at once when another
+        process compacts the run (the automatic compaction then leaves it to that one)."""
+        lease: Lease | None = None
+        if getattr(self._backend, "compaction_lease", False):
+            from ._leases import item_resource
+
+            resource = item_resource(COMPACTION_ITEMS, run)
+            lease = self.lease([resource], ttl=30.0, owner="compactor", wait=wait)
+            await lease.acquire()
+        try:
+            return await self._compact_held(run, drop_journal, progress)
+        finally:
+            if lease is not None:
+                with anyio.CancelScope(shield=True):
+                    await lease.release()
+
+    async def _compact_held(
+        self, run: str, drop_journal: bool, progress: Callable[[int, int], None] | None
+    ) -> CompactionResult:
+
         started = time.perf_counter()
         info = await self.run_info(run)
         replica = await self.replay(run, progress=progress)
@@ -563,7 +608,7 @@ class Store:
             info = await self.run_info(run)
             self._snapshot_at[run] = info.snapshot_seq
             if info.head - info.snapshot_seq > limit:  # else another process compacted it
-                result = await self.compact(run)
+                result = await self._compact(run, False, None, wait=False)
                 self._snapshot_at[run] = result.seq
                 self._snapshot_bytes[run] = result.snapshot_bytes
                 log.debug(
@@ -575,6 +620,8 @@ class Store:
                     result.snapshot_bytes,
                 )
                 done = True
+        except LeaseHeld:  # another process compacts it now
+            self._snapshot_at[run] = max(self._snapshot_at.get(run, 0), head)
         except Exception as exc:  # background work must not take the store down
             # do not retry before another ``limit`` entries
             self._snapshot_at[run] = max(self._snapshot_at.get(run, 0), head)

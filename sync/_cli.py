@@ -156,6 +156,30 @@ def raise_open_files_limit(want: int = 65536) -> int:
     return int(soft)
 
 
+def check_redis(store: str, *, allow_volatile: bool) -> None:
+    """Log the Redis of ``store`` and how it persists.
+
+    Raises:
+        InvalidValue: it has no append-only file and no RDB save rules (a restart loses
+            every journal), and not ``allow_volatile``.
+        BackendError: it cannot be reached.
+    """
+    from crdtstore._backends.redis import persistence
+
+    found = anyio.run(persistence, store)
+    log = logging.getLogger("sync.hub")
+    log.info("store %s", found.describe())
+    if not found.persistent:
+        if not allow_volatile:
+            raise InvalidValue(
+                f"{found.describe()}: a restart of it loses every journal; configure "
+                "appendonly yes (or RDB save rules), or pass --allow-volatile"
+            )
+        log.warning("serving on a Redis without persistence (--allow-volatile)")
+    elif not found.aof:
+        log.warning("the Redis keeps RDB snapshots only: a crash loses what came after")
+
+
 def serve_hub(
     store: str,
     host: str,
@@ -165,8 +189,12 @@ def serve_hub(
     refuse_with: str = "close",
     journal_window: float | None = None,
     store_linger: float | None = None,
+    allow_volatile: bool = False,
 ) -> None:
     """Run the hub until interrupted. The secret is loaded first: no secret, no hub.
+    On a ``redis://`` store, the Redis and how it persists are logged, and a Redis that
+    keeps nothing across a restart is refused unless ``allow_volatile`` (see
+    :func:`check_redis`).
     ``refuse_with``: how a bad token is refused (see :class:`Hub`); ``journal_window``,
     ``store_linger``: :attr:`HubLimits.journal_window`, :attr:`HubLimits.store_linger`
     (seconds; None: the default).
@@ -194,6 +222,8 @@ def serve_hub(
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if store.split("://", 1)[0].lower() in ("redis", "rediss"):
+        check_redis(store, allow_volatile=allow_volatile)
     raise_open_files_limit()
 
     async def run() -> None:
@@ -229,7 +259,9 @@ def _path_url(path: Path) -> str:
     return f"sqlite:///{path.expanduser().resolve()}"
 
 
-StoreOpt = Annotated[str, typer.Option("--store", help="Store URL (sqlite:///path/store.db).")]
+StoreOpt = Annotated[
+    str, typer.Option("--store", help="Store URL (sqlite:///path/store.db, redis://host/0).")
+]
 HostOpt = Annotated[str, typer.Option("--host", help="Interface to listen on.")]
 PortOpt = Annotated[int, typer.Option("--port", help="TCP port (0: any free port).")]
 SecretFileOpt = Annotated[
@@ -277,6 +309,16 @@ StoreLingerOpt = Annotated[
 ]
 
 
+AllowVolatileOpt = Annotated[
+    bool,
+    typer.Option(
+        "--allow-volatile",
+        help="Serve a redis:// store on a Redis without persistence (no append-only file, "
+        "no RDB save rules): a restart of it loses every journal.",
+    ),
+]
+
+
 def serve_command(
     store: StoreOpt,
     host: HostOpt = "127.0.0.1",
@@ -286,9 +328,11 @@ def serve_command(
     refuse_with: RefuseWithOpt = "close",
     journal_window: JournalWindowOpt = None,
     store_linger: StoreLingerOpt = None,
+    allow_volatile: AllowVolatileOpt = False,
 ) -> None:
     """Start the sync hub: agents connect to ws://HOST:PORT/<tenant>/<run>?token=...;
-    tokens listed in the revocation file are refused (it is re-read when it changes)."""
+    tokens listed in the revocation file are refused (it is re-read when it changes).
+    Several hubs may serve one redis:// store (clients: open_store([url1, url2]))."""
     try:
         serve_hub(
             store,
@@ -299,6 +343,7 @@ def serve_command(
             refuse_with,
             journal_window,
             store_linger,
+            allow_volatile,
         )
     except CrdtStoreError as exc:
         raise _fail(str(exc)) from None

@@ -56,7 +56,7 @@ import logging
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Literal
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 import anyio
 from anyio.abc import TaskGroup
@@ -136,7 +136,7 @@ class WsJournal(JournalBackend):
 
     def __init__(
         self,
-        url: str,
+        url: str | Sequence[str],
         *,
         token: str | None = None,
         connect_timeout: float = 10.0,
@@ -144,12 +144,24 @@ class WsJournal(JournalBackend):
         min_backoff: float = 0.05,
         max_backoff: float = 2.0,
     ) -> None:
-        parts = urlsplit(url)
-        if parts.scheme not in ("ws", "wss") or not parts.netloc:
-            raise UnsupportedURL(url, "expected ws://host:port/<tenant> (or wss://)")
-        segments = [s for s in parts.path.split("/") if s]
-        if len(segments) != 1 or parts.query or parts.fragment:
-            raise UnsupportedURL(url, "expected ws://host:port/<tenant>: one path segment")
+        urls = [url] if isinstance(url, str) else list(url)
+        urls = [u.strip() for part in urls for u in part.split(",") if u.strip()]
+        if not urls:
+            raise UnsupportedURL(str(url), "expected ws://host:port/<tenant> (or wss://)")
+        bases: list[str] = []
+        tenants: set[str] = set()
+        for one in urls:
+            parts = urlsplit(one)
+            if parts.scheme not in ("ws", "wss") or not parts.netloc:
+                raise UnsupportedURL(one, "expected ws://host:port/<tenant> (or wss://)")
+            segments = [s for s in parts.path.split("/") if s]
+            if len(segments) != 1 or parts.query or parts.fragment:
+                raise UnsupportedURL(one, "expected ws://host:port/<tenant>: one path segment")
+            tenants.add(unquote(segments[0]))
+            bases.append(f"{parts.scheme}://{parts.netloc}")
+        if len(tenants) != 1:
+            raise UnsupportedURL(",".join(urls), "every hub URL must name the same tenant")
+        segments = [tenants.pop()]
         self.tenant = check_name("tenant", unquote(segments[0]))
         if not isinstance(token, str) or not token:
             raise InvalidValue("a ws:// store needs token=... (see `crdtstore token`)")
@@ -161,8 +173,9 @@ class WsJournal(JournalBackend):
         ):
             if not (isinstance(value, int | float) and value > 0):
                 raise InvalidValue(f"{what} must be > 0 seconds, not {value!r}")
-        self.url = url
-        self.base = f"{parts.scheme}://{parts.netloc}"
+        self.url = ",".join(urls)
+        self.bases = bases  # the hubs, tried in turn (see hub_failed)
+        self.base = bases[0]
         self.token = token
         self.connect_timeout = float(connect_timeout)
         self.offline_timeout = float(offline_timeout)
@@ -182,6 +195,24 @@ class WsJournal(JournalBackend):
 
     def __repr__(self) -> str:
         return f"<WsJournal {self.base}/{self.tenant}>"
+
+    def hub_url(self, run: str, base: str) -> str:
+        """The WebSocket URL of ``run``'s connection to the hub at ``base``."""
+        return (
+            f"{base}/{quote(self.tenant, safe='')}/{quote(run, safe='')}"
+            f"?token={quote(self.token, safe='')}"
+        )
+
+    def hub_failed(self, base: str) -> str:
+        """A connection to ``base`` could not be made: the hub to try next (the one after it
+        in the list, round). Hubs sharing one Redis hold no state that matters, so a run's
+        connection may move to any; its state-vector exchange on connect (see ``_Link``)
+        then sends what the new hub's journal lacks, so nothing acknowledged is lost."""
+        if len(self.bases) == 1 or base not in self.bases:
+            return base
+        nxt = self.bases[(self.bases.index(base) + 1) % len(self.bases)]
+        log.info("ws %s: hub %s unreachable, trying %s", self.tenant, base, nxt)
+        return nxt
 
     # -- lifecycle and wiring ---------------------------------------------------------------
 

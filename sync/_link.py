@@ -47,7 +47,6 @@ import base64
 import logging
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, cast
-from urllib.parse import quote
 
 import anyio
 import sniffio
@@ -113,10 +112,8 @@ class _Link:
     def __init__(self, journal: WsJournal, run: str) -> None:
         self.journal = journal
         self.run = run
-        self.url = (
-            f"{journal.base}/{quote(journal.tenant, safe='')}/{quote(run, safe='')}"
-            f"?token={quote(journal.token, safe='')}"
-        )
+        self.hub = journal.base  # the hub this run connects to (moves: see serve)
+        self.url = journal.hub_url(run, self.hub)
         self.ws: Any = None
         self.session: ClientSession | None = None
         self.up = anyio.Event()  # set while connected; replaced when the connection drops
@@ -214,6 +211,9 @@ class _Link:
                 self._down()
             if self.final is not None:
                 return
+            if not connected:  # the hub is gone: the next of the journal's hubs
+                self.hub = self.journal.hub_failed(self.hub)
+                self.url = self.journal.hub_url(self.run, self.hub)
             backoff = self.journal.min_backoff if connected else backoff * 2
             backoff = min(backoff, self.journal.max_backoff)
             await anyio.sleep(backoff)

@@ -49,7 +49,7 @@ request is refused with ``INVALID_VALUE`` and nothing of it is journaled.
 
 **Appends are untrusted.** The hub applies each entry's update to the run's record itself, as
 the token's agent and source, derives the effect, enforces the run's policies and budgets
-and journals it (``Record._append_externals``); the client's say-so about who wrote it, when,
+and journals it (``Record.append_updates``); the client's say-so about who wrote it, when,
 or what it did is never taken. An unguarded ``journal.append`` (``durable`` false, or a
 durable hub record) is a local write of the hub's record (``Record._append_fast``: applied at
 once, checked against the record's current state, journaled by its group commit with the

@@ -1,5 +1,6 @@
-"""Guarded writes from real processes on one SQLite store: no lost increment, and every
-refused write is told the version that was current at the store's authority."""
+"""Guarded writes from real processes on one SQLite store (and on Redis:
+tests/test_guarded_append.py): no lost increment, and every refused write is told the version
+that was current at the store's authority."""
 
 from __future__ import annotations
 
@@ -37,7 +38,12 @@ def run_counters(url: str, processes: int, seconds: float) -> list[dict[str, obj
 
 @pytest.mark.parametrize(("processes", "seconds"), [(4, 3.0)])
 def test_guarded_counter_across_processes(tmp_path: Path, processes: int, seconds: float) -> None:
-    url = f"sqlite:///{tmp_path}/store.db"
+    check_counters(f"sqlite:///{tmp_path}/store.db", processes, seconds)
+
+
+def check_counters(url: str, processes: int, seconds: float) -> None:
+    """``processes`` processes increment one counter by guarded writes for ``seconds``: every
+    success is in the journal once, in order, and every refusal names a real version."""
     results = run_counters(url, processes, seconds)
     ok = sum(int(r["ok"]) for r in results)  # type: ignore[call-overload]
     refusals = [x for r in results for x in r["refusals"]]  # type: ignore[attr-defined]

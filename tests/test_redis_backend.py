@@ -200,6 +200,9 @@ async def test_delete_run_leaves_no_key(server: RedisServer) -> None:
             f"{prefix}:{{t}}:r:kept",
             f"{prefix}:{{t}}:r:kept:j",
             f"{prefix}:{{t}}:r:kept:k",
+            # the tenant's lease counters (the compaction lease took a token): never removed,
+            # tokens never go back
+            f"{prefix}:{{t}}:lease:n",
         }
         with server.client() as c:
             assert not [v for k in after for v in _values(c, k) if b"personal" in v]
@@ -405,3 +408,83 @@ def test_the_blocking_facade(server: RedisServer) -> None:
         rec.map("m").set("k", 1)
         rec.flush()
         assert [e.seq for e in store.journal("r")] == [1]
+
+
+# -- compaction -----------------------------------------------------------------------------
+
+
+async def test_one_compactor_per_run(server: RedisServer) -> None:
+    """A run is compacted by the holder of its compaction lease only: the automatic
+    compaction of another store leaves it (LeaseHeld), an explicit one waits its turn."""
+    url = server.url()
+    async with (
+        crdtstore.open_store(url) as a,
+        crdtstore.open_store(url) as b,
+        a.open_record(run="r", agent="w") as rec,
+    ):
+        for i in range(10):
+            await rec.map("m").set(f"k{i}", i)
+        await rec.flush()
+        held = a.lease(["item:__crdtstore_compaction/r"], ttl=30, owner="other")
+        await held.acquire()
+        with pytest.raises(crdtstore.LeaseHeld):
+            await b._compact("r", False, None, wait=False)
+        assert (await b.run_info("r")).snapshot_seq == 0
+        done = anyio.Event()
+
+        async def compact() -> None:
+            await b.compact("r")
+            done.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(compact)
+            await until(lambda: _waiting(b), "the compaction to wait for the lease")
+            assert not done.is_set()
+            await held.release()
+            await until(done.is_set, "the compaction once the lease is free")
+        assert (await b.run_info("r")).snapshot_seq == 10
+
+
+async def test_a_compaction_racing_writers_and_readers_misses_no_entry(
+    server: RedisServer,
+) -> None:
+    """Compactions that drop the journal, while a writer writes and a reader of another store
+    follows: the reader is told of every write (none falls below a trim before it read
+    it), and a store opened at the end replays the same state."""
+    url = server.url()
+    n = 300
+    async with (
+        crdtstore.open_store(url) as ws,
+        crdtstore.open_store(url) as rs,
+        crdtstore.open_store(url, trim_grace=0.2) as cs,
+        ws.open_record(run="r", agent="w") as w,
+        rs.open_record(run="r", agent="r") as r,
+    ):
+        seen: set[str] = set()
+        stream = r.changes(local=False, buffer=100_000)
+
+        async def follow() -> None:
+            async for change in stream:
+                seen.update(change.keys)
+                if len(seen) >= n:
+                    return
+
+        async def compactions() -> None:
+            while len(seen) < n:
+                await cs.compact("r", drop_journal=True)
+                await anyio.sleep(0.01)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(follow)
+            tg.start_soon(compactions)
+            for i in range(n):
+                await w.map("m").set(f"k{i}", i)
+                if i % 10 == 0:
+                    await w.flush()
+            await w.flush()
+            await until(lambda: len(seen) >= n, "the reader to be told of every write")
+        assert stream.lost == 0
+        assert r.to_dict() == w.to_dict()
+    async with crdtstore.open_store(url) as fresh, fresh.open_record(run="r", agent="x") as x:
+        assert x.map("m").to_dict() == {f"k{i}": i for i in range(n)}
+        assert (await fresh.run_info("r")).snapshot_seq > 0

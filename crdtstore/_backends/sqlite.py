@@ -48,7 +48,9 @@ import anyio.lowlevel
 import anyio.to_thread
 
 from .._errors import BackendError, InvalidValue, RunClosed, UnknownRun, UnsupportedURL
+from .._guarded_append import Guard
 from .._journal import Authority, JournalBackend, NewEntry, Row, RunRow, SnapshotRow
+from ._sqlite_guarded import FenceCheck, guarded_tx
 
 log = logging.getLogger("crdtstore.sqlite")
 
@@ -515,6 +517,33 @@ class SQLiteJournal(JournalBackend):
                 )
             await anyio.sleep(delay)
             delay = min(delay * 2, RETRY_MAX)
+
+    guard_in_append = False  # the authority is one transaction (see AtomicGuardedAppend)
+    fence_check: FenceCheck | None = None  # set by the SQLite leases of this file
+
+    def hosts_leases(self, leases: object) -> bool:
+        """Whether fences of ``leases`` can be checked inside an append: leases in this file
+        (see :class:`~crdtstore._guarded_append.AtomicGuardedAppend`)."""
+        return self.fence_check is not None and getattr(leases, "journal", None) is self
+
+    async def append_guarded_at(
+        self,
+        tenant: str,
+        run: str,
+        entries: Sequence[NewEntry],
+        guard: Guard,
+        *,
+        durable: bool,
+    ) -> list[int]:
+        """Check ``guard`` and append in one write transaction (``_sqlite_guarded.py``)."""
+        rid = await self._run_id(tenant, run)
+        effects = [_dumps(e.effect) for e in entries]
+
+        def append(db: sqlite3.Connection) -> list[int]:
+            return _append_tx(db, tenant, run, rid, entries, effects)
+
+        tx = guarded_tx(tenant, run, rid, entries, guard, append, self.fence_check)
+        return await self._write(tx, durable=durable)
 
     def append_now(self, tenant: str, run: str, entries: Sequence[NewEntry]) -> list[int] | None:
         """A ``batched`` :meth:`append` (``synchronous=NORMAL``: survives the death of any

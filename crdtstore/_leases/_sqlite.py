@@ -247,6 +247,7 @@ class SQLiteLeases(TableBackend):
     ) -> None:
         super().__init__(clock=clock, probe=probe)
         self.journal = journal
+        journal.fence_check = check_fence  # guarded appends check fences in their transaction
         self._ready = False
         # the rows as of the last transition on connection _cached_db, valid while that
         # connection's data_version is still _cached_dv

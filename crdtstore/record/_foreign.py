@@ -4,10 +4,11 @@
 their effect (:meth:`~._replica.Replica.apply_external`) checked against the run's policies
 first. :meth:`ForeignWrites.append_updates` is what a hub uses for a ``ws://`` client: it
 journals the client's updates labelled with its id, guarded ones inside an authority
-transaction (``_append_slow``), unguarded ones through the record's own commit
-(``_append_fast``). Both take the :class:`~._provenance.Writer` to attribute the bytes to
-(the hub passes the token's), so one record journals many writers without changing its own
-identity.
+transaction (``_append_slow``) or, on a backend that decides guards in its append, through
+it (``_append_atomic``: several hubs on one Redis), unguarded ones through the record's own
+commit (``_append_fast``). All take the :class:`~._provenance.Writer` to attribute the bytes
+to (the hub passes the token's), so one record journals many writers without changing its
+own identity.
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ from time import time as _time
 from pycrdt import merge_updates
 
 from .._errors import InvalidValue, StaleVersion, StoreClosed
+from .._guarded_append import AtomicGuardedAppend, Fence, Guard, GuardMoved
 from .._journal import SOURCES, Authority, NewEntry, Op, check_call, checksum
 from .._names import check_name
 from ._document import _EMPTY_UPDATES
 from ._effects import policed
-from ._guarded import GuardedWrites
+from ._guarded import MAX_MOVES, GuardedWrites
 from ._provenance import Meta, Writer, now
 
 _DUPLICATE_WINDOW = 1_000  # entries searched for a retried external append
@@ -214,7 +216,7 @@ class ForeignWrites(GuardedWrites):
         """An unguarded :meth:`append_updates` as a local write: None if it cannot be
         taken (nothing done then; the caller takes the authority path).
 
-        As :meth:`_apply_checked` writes: the effects are checked against the run's policies
+        As :meth:`apply_update` writes: the effects are checked against the run's policies
         and budgets as this replica knows them (no catch-up read: its tail keeps it current;
         all updates on a scratch copy first), each update is applied and queued as a pending
         entry of this record, labelled with ``client_id`` (see :meth:`_entries`), which the
@@ -290,7 +292,8 @@ class ForeignWrites(GuardedWrites):
         calls: Sequence[str] | None = None,
         writer: Writer | None = None,
     ) -> _List[int]:
-        """:meth:`append_updates` inside one authority transaction (its checks done)."""
+        """:meth:`append_updates` inside one authority transaction (its checks done), or
+        on a backend that checks guards in its append, through it (:meth:`_append_atomic`)."""
         agent, source = (self.agent, self.source) if writer is None else writer
         if expected is not None:
             name, key, version = expected
@@ -299,6 +302,15 @@ class ForeignWrites(GuardedWrites):
                 raise InvalidValue(f"expected_version must be an int >= 0, not {version!r}")
         while self._txn_task is not None:
             await self._txn_idle.wait()
+        atomic = None
+        if expected is not None or based_on is not None or fence is not None:
+            atomic = self._atomic_backend(fence is not None)
+        if atomic is not None:
+            got = await self._append_atomic(
+                atomic, updates, client_id, durable, expected, based_on, fence, calls, writer
+            )
+            if got is not None:
+                return got
         out: _List[int] = []
         done: _List[tuple[_List[Op], Meta, int]] = []
         async with (
@@ -371,6 +383,118 @@ class ForeignWrites(GuardedWrites):
             if self._subscribers:
                 self._emit(ops, meta.agent, meta.source, seq, local=True)
         return out
+
+    async def _append_atomic(
+        self,
+        backend: AtomicGuardedAppend,
+        updates: Sequence[bytes],
+        client_id: int,
+        durable: bool,
+        expected: tuple[str, str, int] | None,
+        based_on: tuple[str, int] | None,
+        fence: tuple[str, int, str] | None,
+        calls: Sequence[str] | None,
+        writer: Writer | None = None,
+    ) -> _List[int] | None:
+        """Guarded :meth:`_append_slow` on a backend that checks the guard in its append (the
+        hub on Redis: several hubs serve one run, the script decides). As
+        :meth:`_write_guarded_atomic`: every entry journaled so far applied (position
+        ``seen``), the guard decided by this replica, the updates tried on a copy for their
+        effects (and the run's policies), then the backend appends them only if nothing after
+        ``seen`` touches the guarded key or scope and the fence holds; only then are they
+        applied here. None (nothing done) when the key kept moving or an update adds nothing
+        to the document (a retry whose answer was lost): the authority path then decides."""
+        agent, source = (self.agent, self.source) if writer is None else writer
+        f = None
+        if fence is not None:
+            clock = getattr(self._store.leases.backend, "clock", None)
+            f = Fence(fence[0], fence[1], fence[2], clock)
+        guard_keys = ((expected[0], expected[1]),) if expected is not None else ()
+        scopes = (based_on[0],) if based_on is not None else ()
+        for _ in range(MAX_MOVES):
+            await self.flush()  # our earlier writes go first: the journal order stays causal
+            async with self._commit_lock:
+                if self._pending:
+                    continue
+                while True:
+                    rows = await self._backend.read(self.tenant, self._jrun, self.applied_seq)
+                    if not rows:
+                        break
+                    await self._apply_remote(rows)
+                seen = self.applied_seq
+                found = 0
+                if expected is not None:
+                    name, key, version = expected
+                    found = self.version(name, key) or 0
+                    if found != version:
+                        raise StaleVersion(
+                            name, key, version, found, self._current_value(name, key)
+                        )
+                if based_on is not None:
+                    now_seq = self._scope_seq(based_on[0], [], [])
+                    if now_seq != based_on[1]:
+                        raise StaleVersion(based_on[0], None, based_on[1], now_seq)
+                trial = self.replica.trial_copy()
+                entries: _List[NewEntry] = []
+                metas: _List[Meta | None] = []
+                try:
+                    for i, update in enumerate(updates):
+                        if update in _EMPTY_UPDATES:  # a guarded write that changes nothing
+                            metas.append(None)
+                            continue
+                        call = "" if calls is None else calls[i]
+                        meta = Meta(agent, source, _time(), None, self._origin, call)
+                        before = trial.doc.get_state()
+                        ops, delta = trial.apply_external(update, meta, checked=True)
+                        if delta is None and trial.doc.get_state() == before:
+                            return None  # held already: the authority path finds its entry
+                        if self._enforcing():
+                            self._account(
+                                self._enforce(policed(ops), conditional=True, agent=agent)
+                            )
+                        entry = NewEntry(
+                            meta.agent,
+                            meta.source,
+                            client_id,
+                            meta.wall_time,
+                            update,
+                            ops,
+                            checksum(update),
+                            self._origin,
+                            call,
+                        )
+                        entries.append(entry)
+                        metas.append(meta)
+                finally:
+                    if self._enforcing():
+                        self._invalidate_all()  # budgets are measured again from the document
+                guard = Guard(seen, guard_keys, scopes, f)
+                try:
+                    seqs = await backend.append_guarded_at(
+                        self.tenant, self._jrun, entries, guard, durable=durable
+                    )
+                except GuardMoved:
+                    continue
+                while self._txn_task is not None:  # never mix them into a local transaction
+                    await self._txn_idle.wait()
+                out: _List[int] = []
+                at = iter(seqs)
+                for update, m in zip(updates, metas, strict=True):
+                    if m is None:
+                        out.append(found)
+                        continue
+                    seq = next(at)
+                    self._invalidate_all()
+                    ops, _ = self.replica.apply_external(update, m, checked=True)
+                    if seq > self.applied_seq:  # the tail would apply it again
+                        self._applied_foreign.add(seq)
+                    out.append(seq)
+                    self._written += 1
+                    self._mark_committed_guarded(ops, m, seq)
+                    if self._subscribers:
+                        self._emit(ops, m.agent, m.source, seq, local=True)
+                return out
+        return None
 
     async def _journaled_seq(self, auth: Authority, update: bytes, client_id: int) -> int | None:
         """The position of a recent entry of ``client_id`` holding exactly ``update``."""

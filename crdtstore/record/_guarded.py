@@ -4,9 +4,12 @@ A guarded write (``expected_version``, ``based_on``) and a fenced one (``lease``
 and journaled inside one exclusive journal transaction (:meth:`GuardedWrites._write_guarded`):
 entries not seen yet are applied, the record's own pending entries appended first (the
 journal order stays causal), then the guard is checked, and only then is the write applied
-and journaled; a refusal changes nothing. Behind a server (``ws://``) the write is made on a
-scratch copy and sent with its guard (:meth:`GuardedWrites._write_guarded_remote`). A
-:class:`Claim` is a lease on a work item plus a fenced entry in the ``claims`` map.
+and journaled; a refusal changes nothing. On a backend that decides the guard in its append
+(Redis, ``crdtstore._guarded_append``) no transaction is held: the write is made on a scratch
+copy and appended with its guard in one atomic step (:meth:`GuardedWrites._write_guarded_atomic`).
+Behind a server (``ws://``) the write is made on a scratch copy and sent with its guard
+(:meth:`GuardedWrites._write_guarded_remote`). A :class:`Claim` is a lease on a work item plus
+a fenced entry in the ``claims`` map.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from .._errors import (
+    BackendError,
     CollectionKindMismatch,
     CrdtStoreError,
     InvalidValue,
@@ -27,7 +31,14 @@ from .._errors import (
     LeaseLost,
     StaleVersion,
 )
-from .._journal import Authority, Op
+from .._guarded_append import (
+    AtomicGuardedAppend,
+    Fence,
+    Guard,
+    GuardMoved,
+    RemoteGuardedAppend,
+)
+from .._journal import Authority, NewEntry, Op
 from .._models import Version
 from .._names import check_name
 from .._values import from_stored
@@ -37,6 +48,8 @@ from ._replica import Replica
 
 if TYPE_CHECKING:
     from .._leases import Lease
+
+MAX_MOVES = 32  # guarded appends refused in a row (the key kept moving) before the authority
 
 
 class GuardedWrites(WritePipeline):
@@ -68,6 +81,13 @@ class GuardedWrites(WritePipeline):
             await self._txn_idle.wait()
         if self._backend.remote:
             return await self._write_guarded_remote(name, key, expected, ops, based_on, fence)
+        atomic = self._atomic_backend(fence is not None)
+        if atomic is not None:
+            seq = await self._write_guarded_atomic(
+                atomic, name, key, expected, ops, current, based_on, fence
+            )
+            if seq is not None:
+                return seq
         meta: Meta | None = None
         update: bytes | None = None
         journaled = False
@@ -120,6 +140,130 @@ class GuardedWrites(WritePipeline):
                 self._emit(ops, meta.agent, meta.source, own[0], local=True)
             return own[0]
 
+    def _atomic_backend(self, fenced: bool) -> AtomicGuardedAppend | None:
+        """The journal as an :class:`AtomicGuardedAppend` when it can decide this write's
+        guard in its append (a fenced one: when the store's leases live in it); else None."""
+        backend = self._backend
+        if not isinstance(backend, AtomicGuardedAppend) or not backend.guard_in_append:
+            return None
+        if fenced and not backend.hosts_leases(self._store.leases.backend):
+            return None
+        return backend
+
+    async def _write_guarded_atomic(
+        self,
+        backend: AtomicGuardedAppend,
+        name: str,
+        key: str,
+        expected: int | None,
+        ops: _List[Op],
+        current: Callable[[], Any],
+        based_on: Version | None,
+        fence: tuple[Lease, str] | None,
+    ) -> int | None:
+        """:meth:`_write_guarded` on a backend that checks the guard in its append (see
+        :mod:`crdtstore._guarded_append`): no lock is held. The record applies every entry
+        journaled so far (position ``seen``), decides the guard with its replica, builds the
+        write on a scratch copy (as :meth:`_write_guarded_remote`), and the backend appends
+        it only if no entry after ``seen`` touches the key or scope and the fence holds, in
+        one atomic step; when one does (``GuardMoved``) the record reads it and decides again.
+        Only after the append is the write applied here, so a refusal changes nothing.
+
+        Returns None after :data:`MAX_MOVES` moves in a row (a key written without pause):
+        the caller then takes the authority, which no plain writer can interleave with."""
+        f = None
+        if fence is not None:
+            clock = getattr(self._store.leases.backend, "clock", None)
+            f = Fence(fence[0].lease_id, fence[0].token, fence[1], clock)
+        guard_keys = ((name, key),) if expected is not None else ()
+        scopes = (based_on.scope,) if based_on is not None else ()
+        for _ in range(MAX_MOVES):
+            await self.flush()  # our earlier writes go first: the journal order stays causal
+            async with self._commit_lock:
+                if self._pending:
+                    continue  # written meanwhile: journal that first
+                while True:  # every entry journaled so far (what sync() does)
+                    rows = await self._backend.read(self.tenant, self._jrun, self.applied_seq)
+                    if not rows:
+                        break
+                    await self._apply_remote(rows)
+                seen = self.applied_seq
+                version = self.version(name, key)
+                if expected is not None and version != expected:
+                    raise StaleVersion(name, key, expected, version, current())
+                if based_on is not None:
+                    now_seq = self._scope_seq(based_on.scope, [], [])
+                    if now_seq != based_on.seq:
+                        scope = None if based_on.scope == "*" else based_on.scope
+                        raise StaleVersion(scope or "*", None, based_on.seq, now_seq)
+                usage = self._enforce(ops, conditional=True) if self._specs else None
+                update, meta, entry, scratch = self._scratch_write(ops)
+                guard = Guard(seen, guard_keys, scopes, f)
+                try:
+                    got = await backend.append_guarded_at(
+                        self.tenant, self._jrun, [entry] if update else [], guard, durable=True
+                    )
+                except GuardMoved:
+                    continue
+                self._keep_scratch(scratch)
+                if update is None:
+                    return version or 0
+                while self._txn_task is not None:  # never mix it into a local transaction
+                    await self._txn_idle.wait()
+                seq = got[0]
+                self._invalidate_all()
+                self.replica.apply_external(update, meta)
+                self._account(usage)
+                if seq > self.applied_seq:  # the tail would apply it again, as a foreign entry
+                    self._applied_foreign.add(seq)
+                self._written += 1
+                self._mark_committed_guarded(ops, meta, seq)
+                if self._subscribers:
+                    self._emit(ops, meta.agent, meta.source, seq, local=True)
+                return seq
+        return None
+
+    def _scratch_write(self, ops: _List[Op]) -> tuple[bytes | None, Meta, NewEntry, Replica]:
+        """A guarded map write made on a scratch copy of the document (a fresh client id: it
+        cannot clash with local writes made meanwhile): its update (None: it changes
+        nothing), its provenance, its journal entry and the copy. Guarded writes are map sets
+        and deletes: ``ops`` says all there is to apply.
+
+        The copy of the last journaled guarded write is kept (:meth:`_keep_scratch`) and
+        brought up to date with what the document gained since (an update against its state
+        vector: the size of the change, not of the document); a refused or unanswered write
+        drops it, since its next write would follow an item nobody else has."""
+        scratch: Replica | None = self.__dict__.pop("_scratch", None)
+        if scratch is None:
+            scratch = Replica(max_update=self.replica.max_update)
+            scratch.apply_update(
+                self.replica.doc.get_update(), trial_decode=False, size_limit=False
+            )
+        else:
+            diff = self.replica.doc.get_update(scratch.doc.get_state())
+            scratch.apply_update(diff, trial_decode=False, size_limit=False)
+        copy = scratch
+
+        def apply() -> None:
+            for op in ops:
+                root = copy.root(op[1], "map")
+                if op[2] == "set":
+                    root[op[3]] = op[4]
+                elif op[3] in root:
+                    del root[op[3]]
+
+        meta = self._new_meta(_time())
+        update = scratch.local(ops, apply, meta)
+        empty = b"\x00\x00"  # nothing to change: only the guard is checked
+        entry = scratch.entry(
+            meta.agent, meta.source, update or empty, ops, meta.wall_time, call=meta.call
+        )
+        return update, meta, entry, scratch
+
+    def _keep_scratch(self, scratch: Replica) -> None:
+        """Keep the copy of a guarded write that was journaled (see :meth:`_scratch_write`)."""
+        self.__dict__["_scratch"] = scratch
+
     async def _write_guarded_remote(
         self,
         name: str,
@@ -142,21 +286,7 @@ class GuardedWrites(WritePipeline):
         await self.flush()  # our earlier writes go first: the journal order stays causal
         async with self._commit_lock:
             usage = self._enforce(ops, conditional=True) if self._specs else None
-            scratch = Replica(max_update=self.replica.max_update)
-            scratch.apply_update(
-                self.replica.doc.get_update(), trial_decode=False, size_limit=False
-            )
-
-            def apply() -> None:
-                for op in ops:
-                    root = scratch.root(op[1], "map")
-                    if op[2] == "set":
-                        root[op[3]] = op[4]
-                    elif op[3] in root:
-                        del root[op[3]]
-
-            meta = self._new_meta(_time())
-            update = scratch.local(ops, apply, meta)
+            update, meta, entry, scratch = self._scratch_write(ops)
             guard: dict[str, Any] = {}
             if expected is not None:
                 guard["expected"] = (name, key, expected)
@@ -164,17 +294,15 @@ class GuardedWrites(WritePipeline):
                 guard["based_on"] = (based_on.scope, based_on.seq)
             if fence is not None:
                 guard["fence"] = (fence[0].lease_id, fence[0].token, fence[1])
-            empty = b"\x00\x00"  # nothing to change: the server only checks the guard
-            entry = scratch.entry(
-                meta.agent, meta.source, update or empty, ops, meta.wall_time, call=meta.call
-            )
+            remote = self._backend
+            if not isinstance(remote, RemoteGuardedAppend):
+                raise BackendError(remote.name, "a remote journal without append_guarded")
             try:
-                seq: int = await self._backend.append_guarded(  # type: ignore[attr-defined]
-                    self.tenant, self._jrun, entry, **guard
-                )
+                seq = await remote.append_guarded(self.tenant, self._jrun, entry, **guard)
             except StaleVersion as exc:
                 await self._adopt_version(exc)
                 raise
+            self._keep_scratch(scratch)
             if update is None:
                 return seq
             while self._txn_task is not None:  # never mix it into a local transaction

@@ -24,9 +24,13 @@ Keys (``P``: the URL's ``prefix``, default ``crdtstore``; names escaped by ``_ke
 - **Appends** are one script (``lua/append.lua``) that takes the next dense positions from
   the run's ``head``, adds the stream entries and key-index members, and moves the head, in
   one atomic step: positions, versions and ``changes_since`` mean what they mean on SQLite.
-- **Guarded writes** run inside the run's authority (``_authority``): a lock that plain
-  appends respect, buffered appends, and a commit refused unless the lock and the head are
-  still the ones it took.
+- **Guarded and fenced writes** are decided by the same append script (``_guarded``, see
+  ``crdtstore._guarded_append``): it appends only if no entry after the writer's position
+  touches the guarded key or scope and the fencing lease is still granted with its token (the
+  lease table read in the same script, on the server's clock). No lock is held.
+- **The authority** (``_authority``; what the record falls back to when a key keeps moving,
+  and what ``Store.authority`` users get): a lock that plain appends respect, buffered
+  appends, and a commit refused unless the lock and the head are still the ones it took.
 - **Snapshots** are written before the journal below them is trimmed, by chunks, with
   ``XDEL`` (never ``DEL`` of a live stream, which would restart its IDs).
 - ``delete_run`` removes every key of the run and its nested runs in one script.
@@ -39,5 +43,7 @@ Keys (``P``: the URL's ``prefix``, default ``crdtstore``; names escaped by ``_ke
 
 from ._journal import RedisJournal as RedisJournal
 from ._leases import RedisLeases as RedisLeases
+from ._persistence import Persistence as Persistence
+from ._persistence import persistence as persistence
 
-__all__ = ["RedisJournal", "RedisLeases"]
+__all__ = ["Persistence", "RedisJournal", "RedisLeases", "persistence"]

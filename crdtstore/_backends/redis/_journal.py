@@ -7,7 +7,6 @@ import logging
 import os
 import secrets
 import socket
-import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Literal
@@ -15,15 +14,19 @@ from typing import Any, Literal
 import anyio
 
 from ..._errors import BackendError, InvalidValue, RunClosed, UnknownRun
+from ..._guarded_append import Guard
 from ..._journal import Authority, JournalBackend, NewEntry, Row, RunRow, SnapshotRow
 from ._authority import Backoff, RedisAuthority
 from ._client import Scripts, make_client, mapped, require_asyncio
+from ._guarded import append_guarded_at
 from ._keys import Keys, RunKeys, parse_url, redis_options
+from ._rows import entry_args, row_of
 from ._tail import Tail
 
 log = logging.getLogger("crdtstore.redis")
 
 TRIM_CHUNK = 1000  # journal entries removed per script call below a snapshot
+TRIM_GRACE = 1.0  # seconds between a snapshot and the trim of the entries below it
 WAITAOF_TIMEOUT_MS = 10_000  # how long a durable write waits for the append-only file
 
 _HOST = socket.gethostname()
@@ -32,44 +35,6 @@ _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 def _text(raw: bytes | None) -> str:
     return "" if raw is None else raw.decode()
-
-
-def _row(entry: Any) -> Row:
-    """A journal row from a stream entry ``[id, [field, value, ...]]``. An entry that is not
-    one crdtstore wrote (a field missing or malformed) comes back empty with a checksum that
-    cannot match, so the reader skips and reports it as it does a torn entry."""
-    sid, fields = entry[0], entry[1]
-    seq = int(sid.split(b"-", 1)[0])
-    f = dict(zip(fields[::2], fields[1::2], strict=False))
-    try:
-        effect = f[b"e"]
-        return Row(
-            seq,
-            sys.intern(f[b"a"].decode()),
-            sys.intern(f[b"s"].decode()),
-            int(f[b"c"]),
-            float(f[b"w"]),
-            f[b"u"],
-            json.loads(effect) if effect else [],
-            int(f[b"k"]),
-            sys.intern(f[b"o"].decode()),
-            f[b"l"].decode(),
-        )
-    except (KeyError, ValueError, UnicodeDecodeError):
-        return Row(seq, "", "system", 0, 0.0, b"", [], -1)
-
-
-def _entry_args(entries: Sequence[NewEntry]) -> list[Any]:
-    args: list[Any] = []
-    for e in entries:
-        prefixes = list(
-            dict.fromkeys(f"{op[1]}\x00{op[3]}\x00" for op in e.effect if op[0] == "map")
-        )
-        args += [
-            e.agent, e.source, e.client_id, repr(float(e.wall_time)), e.update,
-            _dumps(e.effect), e.checksum, e.origin, e.call, len(prefixes), *prefixes,
-        ]  # fmt: skip
-    return args
 
 
 def _run_row(tenant: str, run: str, v: Sequence[Any]) -> RunRow:
@@ -96,15 +61,32 @@ class RedisJournal(JournalBackend):
             crdtstore's own: ``prefix`` (the key space, default ``crdtstore``) and
             ``lock_ttl`` (seconds an authority lock outlives a silent holder, default 10).
         prefix, lock_ttl: the same as keyword arguments (``open_store(url, prefix=...)``).
+        trim_grace: seconds a compaction with ``drop_journal`` waits between storing the
+            snapshot and trimming the entries below it (default 1).
         options: further keyword arguments for ``redis.asyncio.Redis.from_url``.
     """
 
     name = "redis"
 
+    compaction_lease = True  # many processes share it: one compactor per run (Store.compact)
+
     def __init__(
-        self, url: str, *, prefix: str | None = None, lock_ttl: float | None = None, **options: Any
+        self,
+        url: str,
+        *,
+        prefix: str | None = None,
+        lock_ttl: float | None = None,
+        trim_grace: float = TRIM_GRACE,
+        **options: Any,
     ) -> None:
         self.url = parse_url(url, prefix=prefix, lock_ttl=lock_ttl)
+        if (
+            isinstance(trim_grace, bool)
+            or not isinstance(trim_grace, int | float)
+            or not (0 <= trim_grace <= 3600)
+        ):
+            raise InvalidValue(f"trim_grace must be between 0 and 3600 seconds, not {trim_grace!r}")
+        self.trim_grace = float(trim_grace)
         self.keys = Keys(self.url.prefix)
         self._options = redis_options(options)
         self._client: Any = None
@@ -114,6 +96,7 @@ class RedisJournal(JournalBackend):
         self._locks: dict[tuple[str, str], anyio.Lock] = {}  # this store's open authorities
         self._attached: dict[int, str] = {}  # id(record) -> the stream it is watched on
         self._sync = "none"  # how a durable write is made durable: waitaof | always | none
+        self.reads_kept = 0  # tail reads answered from the stream read's entries (tests)
         self._warned_sync = False
 
     def __repr__(self) -> str:
@@ -197,6 +180,28 @@ class RedisJournal(JournalBackend):
         if self._tail is None:
             return None
         return self._tail.seen({self.keys.run_keys(tenant, r).stream: r for r in runs})
+
+    guard_in_append = True  # the authority is a lock (see AtomicGuardedAppend)
+
+    def hosts_leases(self, leases: object) -> bool:
+        """Whether the append script can check fences of ``leases``: a lease backend on this
+        very journal (see :class:`~crdtstore._guarded_append.AtomicGuardedAppend`)."""
+        from ._leases import RedisLeases
+
+        return isinstance(leases, RedisLeases) and leases.journal is self
+
+    async def append_guarded_at(
+        self,
+        tenant: str,
+        run: str,
+        entries: Sequence[NewEntry],
+        guard: Guard,
+        *,
+        durable: bool,
+    ) -> list[int]:
+        """Check ``guard`` and append, in one script (see ``_guarded.py``)."""
+        args = entry_args(entries)
+        return await append_guarded_at(self, tenant, run, entries, args, guard, durable=durable)
 
     def lease_backend(self) -> Any:
         """The lease backend of this store (leases in the same Redis)."""
@@ -363,7 +368,7 @@ class RedisJournal(JournalBackend):
         if local is not None and local.locked():
             async with local:  # wait for this store's own open authority to end
                 pass
-        args = ["", "", len(entries), *_entry_args(entries)]
+        args = ["", "", len(entries), "", *entry_args(entries)]
         backoff = Backoff("append")
         while True:
             with mapped("append"):
@@ -373,14 +378,13 @@ class RedisJournal(JournalBackend):
             await backoff.wait()
         first = self._appended(tenant, run, keys, got)
         if self._tail is not None:
-            self._tail.wrote(keys.stream, first, first + len(entries) - 1)
+            self._tail.wrote(keys.stream, first, entries)
         if durable:
             await self._durable()
         return list(range(first, first + len(entries)))
 
-    @staticmethod
-    def _append_keys(keys: RunKeys) -> list[str]:
-        return [keys.meta, keys.stream, keys.index, keys.lock]
+    def _append_keys(self, keys: RunKeys) -> list[str]:
+        return [keys.meta, keys.stream, keys.index, keys.lock, self.keys.leases(keys.tenant)[0]]
 
     def _appended(self, tenant: str, run: str, keys: RunKeys, got: Sequence[bytes]) -> int:
         """The first position of an append script's answer (or its refusal, raised)."""
@@ -426,12 +430,20 @@ class RedisJournal(JournalBackend):
                 )
         if raw == b"unknown":
             raise UnknownRun(keys.tenant, keys.run)
-        return [_row(e) for e in raw]
+        return [row_of(e) for e in raw]
 
     async def read(
         self, tenant: str, run: str, after: int, limit: int = 10_000, *, skip_client: int = -1
     ) -> list[Row]:
-        return await self._read_rows(self.keys.run_keys(tenant, run), after, limit, skip_client)
+        keys = self.keys.run_keys(tenant, run)
+        if skip_client >= 0 and self._tail is not None:
+            # a record's tail read (it reads again on the next wake-up): from the entries
+            # the stream read brought, when they continue from `after` (see Tail.cached)
+            kept = self._tail.cached(keys.stream, after, limit)
+            if kept is not None:
+                self.reads_kept += 1
+                return kept
+        return await self._read_rows(keys, after, limit, skip_client)
 
     async def head(self, tenant: str, run: str) -> int:
         with mapped("head"):
@@ -467,8 +479,11 @@ class RedisJournal(JournalBackend):
         if got[0] == b"unknown":
             raise UnknownRun(tenant, run)
         kept = int(got[1])
-        # the new snapshot is stored (or a newer one is there): only now the entries it
+        # the new snapshot is stored (or a newer one is there): only now, and after a grace
+        # period (a reader woken for entries below it reads them meanwhile), the entries it
         # covers go, by chunks (each chunk one atomic step; readers see a shorter prefix)
+        if drop_journal and self.trim_grace:
+            await anyio.sleep(self.trim_grace)
         while drop_journal:
             with mapped("save_snapshot"):
                 n = await self.scripts.trim(keys=[keys.stream, keys.index], args=[kept, TRIM_CHUNK])
@@ -482,7 +497,7 @@ class RedisJournal(JournalBackend):
             raw = await self.scripts.history(
                 keys=[keys.index, keys.stream], args=[f"{collection}\x00{key}\x00"]
             )
-        return [_row(e) for e in raw]
+        return [row_of(e) for e in raw]
 
     # -- the authority ----------------------------------------------------------------------
 
@@ -528,11 +543,11 @@ class RedisJournal(JournalBackend):
             await self._unlock(keys, auth.token)
             return
         entries = auth.pending
-        args = [auth.token, auth.head, len(entries), *_entry_args(entries)]
+        args = [auth.token, auth.head, len(entries), "", *entry_args(entries)]
         with mapped("authority commit"):
             got = await self.scripts.append(keys=self._append_keys(keys), args=args)
         first = self._appended(tenant, run, keys, got)
         if self._tail is not None:
-            self._tail.wrote(keys.stream, first, first + len(entries) - 1)
+            self._tail.wrote(keys.stream, first, entries)
         if durable:
             await self._durable()

@@ -3,10 +3,12 @@
 The tail holds one connection of its own, blocked in ``XREAD`` on the journal stream of every
 run a record of this store has open (and on the lease wake-up streams of the tenants it
 waits on), each from the last position it knows. When an entry arrives that this store did
-not write, it wakes the run's readers at once, then asks the run's head and wakes them again
-if the journal went further (so no entry can land between a reader's read and the position
-the tail moves to); the readers then read the journal (``JournalBackend.read``), as on any
-wake-up. ``COUNT 1``: the read only says *that* a stream moved, the reader fetches what.
+not write, it keeps the entries (up to ``COUNT`` of them a read; the next read continues
+after the last) and wakes the run's readers, whose journal read (``JournalBackend.read`` of a
+record's tail) is then answered from the kept entries when they continue from where the
+reader is (:meth:`Tail.cached`): one round trip per burst of other processes' writes, not
+three. A reader that needs everything the journal holds now (``sync()``, a guarded write)
+reads from Redis.
 
 A record opening a run changes the set of streams: the blocked read is interrupted with
 ``CLIENT UNBLOCK`` and sent again with the new set. A lost connection (Redis restarting) is
@@ -18,15 +20,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+from ..._journal import NewEntry, Row
 from ._client import RedisError
+from ._rows import row_of
 
 log = logging.getLogger("crdtstore.redis")
 
 BLOCK_MS = 2000  # the longest one XREAD blocks (then it is sent again: a cheap heartbeat)
+COUNT = 128  # entries one XREAD brings per stream
+KEEP = 512  # entries kept per run for the readers (the newest)
 RETRY_FIRST, RETRY_MAX = 0.02, 1.0  # seconds between reconnection attempts (doubling)
 
 
@@ -37,19 +43,34 @@ class _Run:
     meta: str  # the run's hash (its head)
     users: int
     seen: int  # every position up to here was woken for, or written by this store
+    rows: dict[int, Row] = field(default_factory=dict)  # the newest entries, for readers
+
+    def keep(self, rows: list[Row]) -> None:
+        for row in rows:
+            self.rows[row.seq] = row
+        if len(self.rows) > KEEP:
+            low = max(self.rows) - KEEP
+            for seq in [s for s in self.rows if s <= low]:
+                del self.rows[seq]
 
 
-def _xread_ids(reply: Any) -> dict[bytes, bytes]:
-    """``{stream: last entry id}`` of an ``XREAD`` reply (RESP2 list or RESP3 map)."""
+def _xread_entries(reply: Any) -> dict[bytes, list[Any]]:
+    """``{stream: its entries [id, fields]}`` of an ``XREAD`` reply (RESP2 list or RESP3
+    map)."""
     if not reply:
         return {}
     items = reply.items() if isinstance(reply, dict) else ((r[0], r[1]) for r in reply)
-    out: dict[bytes, bytes] = {}
+    out: dict[bytes, list[Any]] = {}
     for key, entries in items:
-        if entries and isinstance(entries[0], list):  # RESP3: [[(id, fields), ...]]
+        if (
+            entries
+            and isinstance(entries[0], list)
+            and entries[0]
+            and isinstance(entries[0][0], (list, tuple))
+        ):  # RESP3: [[(id, fields), ...]]
             entries = entries[0]
         if entries:
-            out[key if isinstance(key, bytes) else str(key).encode()] = entries[-1][0]
+            out[key if isinstance(key, bytes) else str(key).encode()] = list(entries)
     return out
 
 
@@ -78,6 +99,7 @@ class Tail:
         self._kicks: set[asyncio.Task[None]] = set()
         self._closing = False
         self.reconnects = 0  # times the connection came back after a failure
+        self.healthy = False  # the last stream read succeeded (its positions are current)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="crdtstore-tail")
@@ -127,11 +149,39 @@ class Tail:
                 del self._runs[key]
                 self._version += 1  # the blocked read may keep it until it returns
 
-    def wrote(self, stream: str, first: int, last: int) -> None:
-        """This store appended ``first..last`` to ``stream``: no wake-up for them."""
+    def wrote(self, stream: str, first: int, entries: Sequence[NewEntry]) -> None:
+        """This store appended ``entries`` to ``stream`` from position ``first``: no wake-up
+        for them; kept for the readers."""
         got = self._runs.get(stream.encode())
-        if got is not None and first <= got.seen + 1 <= last + 1:
+        if got is None or not entries:
+            return
+        last = first + len(entries) - 1
+        got.keep([Row(first + i, *e) for i, e in enumerate(entries)])
+        if first <= got.seen + 1 <= last + 1:
             got.seen = max(got.seen, last)
+
+    def cached(self, stream: str, after: int, limit: int) -> list[Row] | None:
+        """The entries after ``after`` up to the newest position this store knows of the
+        stream, from those kept; None unless every one of them is kept (the reader then
+        reads Redis). Entries appended since are announced by a later wake-up."""
+        got = self._runs.get(stream.encode())
+        if got is None or not self.healthy:
+            return None
+        if after >= got.seen:
+            # nothing past `after` known: a wake-up for this store's own append (the stream
+            # read saw it before the append's answer came); anything newer wakes again
+            return []
+        if (after + 1) not in got.rows:
+            return None
+        out: list[Row] = []
+        rows, seq = got.rows, after + 1
+        while seq <= got.seen and len(out) < limit:
+            row = rows.get(seq)
+            if row is None:
+                return None
+            out.append(row)
+            seq += 1
+        return out
 
     def seen(self, streams: dict[str, str]) -> dict[str, int]:
         """``{run: the last position known}`` of the watched runs among ``streams``
@@ -205,15 +255,18 @@ class Tail:
                     self._client = self._connect()
                     self._client_id = int(await self._client.client_id())
                 self._reading = version
+                if self._version == version:
+                    self.healthy = True  # (set once the read is sent on a working client)
                 reply = await self._client.execute_command(
-                    "XREAD", "COUNT", 1, "BLOCK", self._block_ms, "STREAMS", *keys, *ids
+                    "XREAD", "COUNT", COUNT, "BLOCK", self._block_ms, "STREAMS", *keys, *ids
                 )
                 self._reading = -1
-                got = _xread_ids(reply)
+                got = _xread_entries(reply)
                 if got:
-                    await self._handle(got)
+                    self._handle(got)
             except (RedisError, OSError) as exc:
                 self._reading = -1
+                self.healthy = False
                 if not failed:
                     log.warning("redis stream read failed (%s); reconnecting", exc)
                 failed = True
@@ -230,35 +283,20 @@ class Tail:
                 for _, callback in list(self._streams.values()):
                     callback()
 
-    async def _handle(self, got: dict[bytes, bytes]) -> None:
-        runs: list[tuple[bytes, _Run, int]] = []
-        for key, first in got.items():
+    def _handle(self, got: dict[bytes, list[Any]]) -> None:
+        for key, entries in got.items():
             other = self._streams.get(key)
             if other is not None:
-                self._streams[key] = (first, other[1])
+                self._streams[key] = (entries[-1][0], other[1])
                 other[1]()
                 continue
             r = self._runs.get(key)
             if r is None:
                 continue
-            seq = int(first.split(b"-", 1)[0])
-            if seq > r.seen:
-                # the first entry this store has not seen: wake its readers now, then learn
-                # how far the journal went (COUNT 1 brought one entry of a burst)
+            rows = [row_of(e) for e in entries]
+            r.keep(rows)
+            last = rows[-1].seq
+            if last > r.seen:
+                # the next read continues after these; the readers take them from `rows`
+                r.seen = last
                 self._wake(r.tenant, r.run)
-                runs.append((key, r, seq))
-        if not runs:
-            return
-        pipe = self._control.pipeline(transaction=False)
-        for _, r, _ in runs:
-            pipe.hget(r.meta, "head")
-        heads = await pipe.execute()
-        for (key, r, seq), head in zip(runs, heads, strict=True):
-            if self._runs.get(key) is not r:  # unwatched meanwhile
-                continue
-            h = seq if head is None else int(head)
-            if h > seq:
-                # entries past the one woken for may have landed after the readers read:
-                # wake them again (a reader that has them all reads nothing)
-                self._wake(r.tenant, r.run)
-            r.seen = max(r.seen, h)

@@ -1,0 +1,77 @@
+"""What a Redis keeps across a restart, for ``crdtstore serve`` (it logs it, and refuses a
+Redis that keeps nothing unless told ``--allow-volatile``) and for operators.
+
+A Redis persists through its append-only file (``appendonly yes``: every write logged, synced
+per ``appendfsync``) or RDB snapshots (``save`` rules: a snapshot every so many seconds and
+writes, which loses what came after the last one). Neither: a restart loses every journal.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from ._client import make_client, mapped
+from ._keys import parse_url, redis_options
+
+
+class Persistence(NamedTuple):
+    """The persistence of one Redis server."""
+
+    url: str  # the store URL without its password
+    version: str
+    aof: bool  # appendonly yes
+    appendfsync: str  # always | everysec | no | "" (unknown: CONFIG refused)
+    save: str | None  # the RDB save rules ("" none; None unknown)
+    waitaof: bool  # Redis 7.2+: durable writes wait for the file to be synced
+
+    @property
+    def persistent(self) -> bool:
+        """Whether a restart keeps (most of) what was written: an AOF or RDB save rules."""
+        return self.aof or bool(self.save)
+
+    def describe(self) -> str:
+        """One line for the log."""
+        if self.aof:
+            how = f"append-only file (appendfsync {self.appendfsync or 'unknown'})"
+            how += ", durable writes wait for WAITAOF" if self.waitaof else ""
+        elif self.save:
+            how = f"RDB snapshots only (save {self.save!r}: a crash loses what came after)"
+        elif self.save is None:
+            how = "no append-only file; RDB save rules unknown (CONFIG refused)"
+        else:
+            how = "NO persistence (no append-only file, no RDB save rules)"
+        return f"{self.url}: Redis {self.version}, {how}"
+
+
+async def persistence(url: str, **options: Any) -> Persistence:
+    """Ask the Redis of the store URL ``url`` how it persists.
+
+    Raises:
+        BackendError: it cannot be reached.
+        UnsupportedURL: a bad URL.
+    """
+    parsed = parse_url(url)
+    client = make_client(parsed.redis_url, redis_options(options))
+    try:
+        with mapped(f"cannot connect to {parsed.shown}"):
+            info = await client.info("server")
+            pers = await client.info("persistence")
+        aof = bool(int(pers.get("aof_enabled", 0)))
+        fsync: str = ""
+        save: str | None = None
+        try:
+            got = await client.config_get("appendfsync")
+            fsync = _text(got.get("appendfsync", got.get(b"appendfsync", "")))
+            got = await client.config_get("save")
+            save = _text(got.get("save", got.get(b"save", "")))
+        except Exception:  # CONFIG may be disabled (managed Redis): unknown
+            pass
+    finally:
+        await client.aclose()
+    version = str(info.get("redis_version", "?"))
+    parts = tuple(int(x) for x in version.split(".")[:2] if x.isdigit())
+    return Persistence(parsed.shown, version, aof, fsync, save, aof and parts >= (7, 2))
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

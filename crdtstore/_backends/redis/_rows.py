@@ -1,0 +1,54 @@
+"""Journal entries as the stream holds them: the fields an append writes (:func:`entry_args`,
+the append script's arguments) and the :class:`~crdtstore._journal.Row` a stream entry reads
+back as (:func:`row_of`), shared by the journal, its guarded appends and its stream read."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from ..._journal import NewEntry, Row
+
+_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
+def row_of(entry: Any) -> Row:
+    """A journal row from a stream entry ``[id, [field, value, ...]]`` (or ``(id, {field:
+    value})``). An entry that is not
+    one crdtstore wrote (a field missing or malformed) comes back empty with a checksum that
+    cannot match, so the reader skips and reports it as it does a torn entry."""
+    sid, fields = entry[0], entry[1]
+    seq = int(sid.split(b"-", 1)[0])
+    # (a dict: XREAD through redis-py's reply parser)
+    f = fields if isinstance(fields, dict) else dict(zip(fields[::2], fields[1::2], strict=False))
+    try:
+        effect = f[b"e"]
+        return Row(
+            seq,
+            sys.intern(f[b"a"].decode()),
+            sys.intern(f[b"s"].decode()),
+            int(f[b"c"]),
+            float(f[b"w"]),
+            f[b"u"],
+            json.loads(effect) if effect else [],
+            int(f[b"k"]),
+            sys.intern(f[b"o"].decode()),
+            f[b"l"].decode(),
+        )
+    except (KeyError, ValueError, UnicodeDecodeError):
+        return Row(seq, "", "system", 0, 0.0, b"", [], -1)
+
+
+def entry_args(entries: Sequence[NewEntry]) -> list[Any]:
+    args: list[Any] = []
+    for e in entries:
+        prefixes = list(
+            dict.fromkeys(f"{op[1]}\x00{op[3]}\x00" for op in e.effect if op[0] == "map")
+        )
+        args += [
+            e.agent, e.source, e.client_id, repr(float(e.wall_time)), e.update,
+            _dumps(e.effect), e.checksum, e.origin, e.call, len(prefixes), *prefixes,
+        ]  # fmt: skip
+    return args
