@@ -164,7 +164,7 @@ def check_redis(store: str, *, allow_volatile: bool) -> None:
             every journal), and not ``allow_volatile``.
         BackendError: it cannot be reached.
     """
-    from crdtstore._backends.redis import persistence
+    from crdtstore.backend import redis_persistence as persistence
 
     found = anyio.run(persistence, store)
     log = logging.getLogger("sync.hub")

@@ -25,7 +25,7 @@ import typer
 from rich.console import Console
 
 from crdtstore import CrdtStoreError, InvalidValue
-from crdtstore._names import check_name
+from crdtstore.backend import check_name
 
 from ._cli import DEFAULT_TTL, SecretFileOpt, _fail, issue_token
 from ._viewer import PREFIX

@@ -69,16 +69,16 @@ from crdtstore import (
     UnsupportedOperation,
     UnsupportedURL,
 )
-from crdtstore._journal import (
+from crdtstore.backend import (
     Authority,
     JournalBackend,
+    LeaseBackend,
     NewEntry,
     Row,
     RunRow,
     SnapshotRow,
+    check_name,
 )
-from crdtstore._leases import LeaseBackend
-from crdtstore._names import check_name
 
 from ._lease_rpc import RemoteLeases
 from ._link import _EMPTY_UPDATES, _ConnectionLost, _Link

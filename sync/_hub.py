@@ -64,7 +64,7 @@ from crdtstore import (
     UnknownRun,
     open_store,
 )
-from crdtstore._names import check_name
+from crdtstore.backend import check_name
 
 from ._errors import CloseCode, ProtocolError
 from ._hub_conn import _CURRENT, _MAX_REASON, _Conn

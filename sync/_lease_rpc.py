@@ -40,9 +40,14 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, JsonValue, ValidationError
 
 from crdtstore import BackendError, CrdtStoreError, StoreClosed
-from crdtstore._errors import error_from_dict
-from crdtstore._leases import LeaseBackend, LeaseState, LeaseStatus, Proc
-from crdtstore._leases._engine import check_ttl
+from crdtstore.backend import (
+    LeaseBackend,
+    LeaseState,
+    LeaseStatus,
+    Proc,
+    check_ttl,
+    error_from_dict,
+)
 
 from ._messages import ErrorInfo, Response
 

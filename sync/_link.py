@@ -62,8 +62,7 @@ from crdtstore import (
     RunClosed,
     UnknownRun,
 )
-from crdtstore._errors import error_from_dict
-from crdtstore._journal import Row
+from crdtstore.backend import Row, error_from_dict
 
 from ._document import PycrdtDocument
 from ._errors import CloseCode, ProtocolError

@@ -104,8 +104,7 @@ import anyio
 from pydantic import JsonValue
 
 from crdtstore import CrdtStoreError, InvalidValue, PolicyViolation, StaleVersion
-from crdtstore._journal import Row, RunRow, check_call
-from crdtstore._leases._engine import fence_error
+from crdtstore.backend import Row, RunRow, check_call, fence_error
 
 from ._document import ReplicaDocument
 from ._errors import ProtocolError
@@ -573,7 +572,7 @@ async def push_leases(conn: _Conn) -> None:
     through this hub (by any of its connections), or committed by another process on the
     same SQLite file (its notifier's datagram). A remote waiter then asks again at once
     instead of at its next heartbeat. Only a hint: a lost push delays a waiter, never more."""
-    from crdtstore._leases._api import WAKE_KEY
+    from crdtstore.backend import LEASE_WAKE_KEY as WAKE_KEY
 
     rec = conn.room.rec
     assert rec is not None

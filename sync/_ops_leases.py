@@ -58,16 +58,22 @@ from typing import TYPE_CHECKING, Annotated, Any, Final, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictBool, ValidationError
 
 from crdtstore import InvalidValue
-from crdtstore._leases import Proc, canonical_resources, this_proc
-from crdtstore._leases._engine import check_key, check_owner, check_ttl
-from crdtstore._leases._models import LeaseState
+from crdtstore.backend import (
+    LeaseState,
+    Proc,
+    canonical_resources,
+    check_key,
+    check_owner,
+    check_ttl,
+    this_proc,
+)
 from crdtstore.codec import MAX_SAFE_INTEGER
 
 from ._ops import OpContext, op
 from ._tokens import Forbidden
 
 if TYPE_CHECKING:
-    from crdtstore._leases import LeaseBackend
+    from crdtstore.backend import LeaseBackend
 
 __all__ = [
     "LEASE_OPS",

@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import JsonValue
 
 from crdtstore import BackendError
-from crdtstore._journal import NewEntry, Row, RunRow
+from crdtstore.backend import NewEntry, Row, RunRow
 
 __all__ = ["_b64", "_entry_json", "_row", "_run_row"]
 

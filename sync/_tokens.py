@@ -51,8 +51,7 @@ import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from crdtstore import CrdtStoreError, InvalidValue, UnsupportedURL
-from crdtstore._backends.sqlite import sqlite_path
-from crdtstore._names import check_name
+from crdtstore.backend import check_name, sqlite_path
 
 from ._errors import CloseCode
 

@@ -42,7 +42,7 @@ from websockets.http11 import Request as HttpRequest
 from websockets.http11 import Response as HttpResponse
 
 from crdtstore import CrdtStoreError, InvalidName
-from crdtstore._names import check_name
+from crdtstore.backend import check_name
 
 from ._ops import OpContext, op
 from ._tokens import TokenError, verify

@@ -423,3 +423,37 @@ async def _append_only_run(schema: dict[str, Any], run: str, client_id: int) -> 
         entries = await store.journal(run)
         assert [e.effect[0][2] for e in entries] == ["ins", "ins"]  # the delete: not journaled
     return where
+
+
+async def test_binary_and_nested_values_of_a_plain_client_are_journaled_as_json(
+    tmp_path: Path,
+) -> None:
+    """Binary content and a nested shared type (only a plain Yjs client writes them) are
+    journaled: their effect is JSON (``{"$bytes": base64}``), the commit does not fail (it
+    once raised TypeError in the SQLite append and the record stopped syncing), and
+    ``to_dict`` is JSON, the same after a reopen from the journal."""
+    import json
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    client = PlainClient()
+    notes = client.map("notes")
+    notes["bytes"] = b"\x00\x01"
+    notes["nested"] = Map({"b": b"x", "n": 1})
+    async with crdtstore.open_store(url, tenant="t") as store:
+        async with store.open_record("r", "a") as rec:
+            await rec.apply_update(client.since())
+            with anyio.fail_after(DEADLINE):
+                await rec.flush()
+            shown = rec.to_dict()
+            assert shown["notes"] == {
+                "bytes": {"$bytes": "AAE="},
+                "nested": {"b": {"$bytes": "eA=="}, "n": 1.0},
+            }
+            json.dumps(shown)
+            (entry,) = await rec.history("notes", "bytes")
+            assert entry.value == {"$bytes": "AAE="}
+            await rec.map("notes").set("after", 1)  # the record still writes and commits
+            with anyio.fail_after(DEADLINE):
+                await rec.flush()
+        async with store.open_record("r", "b", create=False) as again:
+            assert again.to_dict()["notes"] == {**shown["notes"], "after": 1}

@@ -107,3 +107,85 @@ def test_a_command_that_fails_to_load_says_so(monkeypatch: pytest.MonkeyPatch) -
     assert listing.exit_code == 0 and "frobnicate" in listing.output
     # a plugin cannot replace a built-in command
     assert runner.invoke(app, ["journal", "--help"]).exit_code == 0
+
+
+# -- sync uses crdtstore only through its public and documented extension points -------------
+
+_PUBLIC = {"crdtstore", "crdtstore.codec", "crdtstore.record", "crdtstore.backend"}
+# names a record, store or replica is held by in sync (``rec._pending`` is a private reach;
+# ``self.journal._wake_run`` on sync's own WsJournal is not)
+_CRDTSTORE_HOLDERS = {"rec", "record", "store", "replica", "backend", "leases"}
+
+
+def _crdtstore_reaches(source: str) -> list[str]:
+    """What ``source`` (a module of sync) takes from crdtstore that is not public: an import
+    of a module outside :data:`_PUBLIC`, an underscore name imported from crdtstore, a
+    private attribute of a name that holds a crdtstore object, or a class subclassing one."""
+    out = []
+    tree = ast.parse(source)
+    imported: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("crdtstore") and alias.name not in _PUBLIC:
+                    out.append(f"import {alias.name}")
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module.startswith("crdtstore"):
+                if node.module not in _PUBLIC:
+                    out.append(f"from {node.module}")
+                for alias in node.names:
+                    imported.add(alias.asname or alias.name)
+                    if alias.name.startswith("_"):
+                        out.append(f"from {node.module} import {alias.name}")
+        elif isinstance(node, ast.Attribute) and node.attr.startswith("_"):
+            base = node.value
+            name = base.attr if isinstance(base, ast.Attribute) else getattr(base, "id", None)
+            if name in _CRDTSTORE_HOLDERS and not node.attr.startswith("__"):
+                out.append(f"{name}.{node.attr}")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            for b in node.bases:
+                if isinstance(b, ast.Name) and b.id in imported and b.id[:1].isupper():
+                    try:
+                        import crdtstore
+
+                        obj = getattr(crdtstore, b.id, None)
+                    except ImportError:  # pragma: no cover
+                        obj = None
+                    if obj in (crdtstore.Record, crdtstore.Store, crdtstore.Replica):
+                        out.append(f"class {node.name}({b.id})")
+    return out
+
+
+def test_sync_reaches_crdtstore_only_through_public_extension_points() -> None:
+    offenders = {
+        str(path.relative_to(ROOT)): found
+        for path in sorted((ROOT / "sync").rglob("*.py"))
+        if (found := _crdtstore_reaches(path.read_text(encoding="utf-8")))
+    }
+    assert offenders == {}
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from crdtstore._journal import Row",
+        "import crdtstore._store",
+        "from crdtstore import _errors",
+        "def f(rec):\n    return rec._pending",
+        "def f(room):\n    room.rec._urge()",
+        "def f(ctx):\n    ctx.store._notifier.watch()",
+        "from crdtstore import Record\nclass _HubRecord(Record):\n    pass",
+    ],
+)
+def test_the_boundary_check_sees_private_reaches(source: str) -> None:
+    assert _crdtstore_reaches(source)
+
+
+def test_the_boundary_check_leaves_public_use_alone() -> None:
+    source = (
+        "from crdtstore import Record, Writer\nfrom crdtstore.backend import Row\n"
+        "from crdtstore.record import LoopCommit\n"
+        "def f(rec, self):\n    rec.apply_update(b'', writer=None)\n    self._x = rec.store\n"
+    )
+    assert _crdtstore_reaches(source) == []

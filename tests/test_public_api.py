@@ -11,7 +11,7 @@ from crdtstore import _errors
 
 def test_all_matches_importable_names() -> None:
     public = {n for n in dir(crdtstore) if not n.startswith("_")}
-    modules = {"blocking", "testing", "cli", "sim", "record", "codec", "flow", "tools"}
+    modules = {"blocking", "testing", "cli", "sim", "record", "codec", "flow", "tools", "backend"}
     assert set(crdtstore.__all__) == public - modules
     assert crdtstore.__all__ == sorted(crdtstore.__all__)
     for name in crdtstore.__all__:

@@ -7,6 +7,7 @@ as the typed API's, where pycrdt counts UTF-8 bytes), and the small pure helpers
 
 from __future__ import annotations
 
+import base64
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -28,9 +29,22 @@ def policed(ops: list[Op]) -> list[Op]:
 
 def _plain(value: Any) -> Any:
     """A value read from the document, as JSON (a nested shared type, which only a foreign
-    client writes, as its Python form)."""
+    client writes, as its Python form; binary content, which only a foreign client writes,
+    as ``{"$bytes": "<base64>"}``: an effect is journaled as JSON)."""
     to_py = getattr(value, "to_py", None)
-    return value if to_py is None else to_py()
+    if to_py is not None:
+        value = to_py()
+    if isinstance(value, bytes | bytearray | memoryview):
+        return {"$bytes": base64.b64encode(bytes(value)).decode("ascii")}
+    if isinstance(value, dict) and any(not _json_atom(v) for v in value.values()):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list) and any(not _json_atom(v) for v in value):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _json_atom(value: Any) -> bool:
+    return value is None or isinstance(value, str | int | float | bool)
 
 
 def _collection_name(name: str) -> bool:

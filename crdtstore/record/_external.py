@@ -286,14 +286,14 @@ class ExternalUpdates(JournalReplay):
                     alive = False
                     break
             if item.content == 8:
-                value = item.value
+                value = _plain(item.value)
             elif alive:
                 value = _plain(self.root(name, "map").get(key))
             elif item.content == 7:
                 empty = _EMPTY_OF.get(TYPE_REFS.get(item.value, ""))
                 value = None if empty is None else empty()
             else:  # string content, or content the bytes do not give as a value
-                value = item.value
+                value = _plain(item.value)
             if alive:
                 won.append(["map", name, "set", key, value])
                 won_keys.add(ref)

@@ -33,6 +33,7 @@ from .._models import HistoryEntry, Provenance
 from .._names import check_name
 from .._semantics import CollectionSpec, spec_from_declaration
 from ._collections import CollectionHost, ListCollection, TextCollection
+from ._effects import _plain
 from ._foreign import ForeignWrites
 from ._maps import KeepAllMap, MapCollection
 from ._view import View
@@ -269,9 +270,11 @@ class Record(ForeignWrites):
     def to_dict(self) -> dict[str, Any]:
         """A plain JSON-able snapshot of the whole record: ``{collection: value}``.
 
-        ``keep_all`` maps show each key's value, or ``{"__conflict__": [siblings...]}``.
+        ``keep_all`` maps show each key's value, or ``{"__conflict__": [siblings...]}``. What
+        only a plain Yjs client can store shows as JSON too: a nested shared type as its
+        contents, binary content as ``{"$bytes": "<base64>"}``.
         """
-        out = self.replica.to_dict()
+        out = {name: _plain(value) for name, value in self.replica.to_dict().items()}
         for name, spec in self._specs.items():
             if spec.conflict == "keep_all" and name in out:
                 out[name] = self.map(name).to_json()  # type: ignore[attr-defined]
