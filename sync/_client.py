@@ -66,6 +66,7 @@ from crdtstore import (
     BackendError,
     InvalidValue,
     StoreClosed,
+    UnknownRun,
     UnsupportedOperation,
     UnsupportedURL,
 )
@@ -196,11 +197,12 @@ class WsJournal(JournalBackend):
     def __repr__(self) -> str:
         return f"<WsJournal {self.base}/{self.tenant}>"
 
-    def hub_url(self, run: str, base: str) -> str:
-        """The WebSocket URL of ``run``'s connection to the hub at ``base``."""
+    def hub_url(self, run: str, base: str, create: bool = True) -> str:
+        """The WebSocket URL of ``run``'s connection to the hub at ``base`` (``create``
+        False: the hub refuses a missing run with 4404 instead of creating it)."""
         return (
             f"{base}/{quote(self.tenant, safe='')}/{quote(run, safe='')}"
-            f"?token={quote(self.token, safe='')}"
+            f"?token={quote(self.token, safe='')}{'' if create else '&create=0'}"
         )
 
     def hub_failed(self, base: str) -> str:
@@ -260,14 +262,19 @@ class WsJournal(JournalBackend):
         self._tg.cancel_scope.cancel()
         await self._tg.__aexit__(None, None, None)
 
-    async def _link(self, tenant: str, run: str) -> _Link:
+    async def _link(self, tenant: str, run: str, create: bool | None = None) -> _Link:
+        """The connection of ``run`` (made on first use). ``create``: whether connecting may
+        create the run (None: as the existing connection, else yes); a connection refused
+        for a missing run is made again when a later call may create it."""
         if self._state != "open":
             raise StoreClosed("ws journal")
         if tenant != self.tenant:
             raise InvalidValue(f"this ws:// store serves tenant {self.tenant!r}, not {tenant!r}")
         link = self._links.get(run)
+        if link is not None and create and isinstance(link.final, UnknownRun):
+            link = None  # (ended: its serve task returned with the refusal)
         if link is None:
-            link = self._links[run] = _Link(self, run)
+            link = self._links[run] = _Link(self, run, create=create is not False)
             assert self._tg is not None
             self._tg.start_soon(link.serve)
         return link
@@ -343,14 +350,17 @@ class WsJournal(JournalBackend):
     ) -> RunRow:
         if parent is not None:
             raise UnsupportedOperation("ws", "nested runs")
-        link = await self._link(tenant, run)
+        link = await self._link(tenant, run, create)
         await link.ready(self.connect_timeout)
         got = await self._request(link, "run.ensure", {"create": create}, self.connect_timeout)
         return _run_row(got)
 
     async def get_run(self, tenant: str, run: str) -> RunRow | None:
         await self._link(tenant, run)
-        got = await self.call(run, "run.info")
+        try:
+            got = await self.call(run, "run.info")
+        except UnknownRun:  # its connection was refused: the run does not exist
+            return None
         return None if got is None else _run_row(got)
 
     async def set_run(

@@ -170,7 +170,7 @@ class Hub(_RunLoader):
         self._revoked: frozenset[str] = frozenset()  # the union
         self._revoked_file_stamp: tuple[int, int, int] | None = None
         self._init_runs()
-        self._auth: weakref.WeakKeyDictionary[ServerConnection, tuple[TokenClaims, str, str]]
+        self._auth: weakref.WeakKeyDictionary[ServerConnection, tuple[TokenClaims, str, str, bool]]
         self._auth = weakref.WeakKeyDictionary()
         # connections whose token was refused (refuse_with="close"): (close code, reason)
         self._refused: weakref.WeakKeyDictionary[ServerConnection, tuple[int, str]]
@@ -355,7 +355,10 @@ class Hub(_RunLoader):
             # upgrade, then close with the 44xx code (the handler sends nothing before it)
             self._refused[connection] = (exc.close_code, f"{exc.code}: {exc.reason}"[:_MAX_REASON])
             return None
-        self._auth[connection] = (claims, tenant, run)
+        # ``create=0`` (what a ws:// store's open_record(create=False) sends): never create the
+        # run; a missing one is refused with 4404 (plain Yjs clients create it, token allowing)
+        create = parse_qs(url.query).get("create", ["1"])[0] != "0"
+        self._auth[connection] = (claims, tenant, run, create)
         return None
 
     async def _http(self, connection: ServerConnection, request: HttpRequest) -> HttpResponse:
@@ -377,9 +380,9 @@ class Hub(_RunLoader):
         if auth is None:  # process_request refuses those; never serve without a token
             await ws.close(CloseCode.UNAUTHORIZED, "TOKEN_INVALID: no token")
             return
-        claims, tenant, run = auth
+        claims, tenant, run, create = auth
         try:
-            room = await self._acquire(tenant, run, claims)
+            room = await self._acquire(tenant, run, claims, create=create)
         except UnknownRun as exc:
             await ws.close(CloseCode.UNKNOWN_RUN, f"{exc.code}: {exc}"[:_MAX_REASON])
             return

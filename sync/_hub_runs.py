@@ -282,7 +282,9 @@ class _RunLoader:
 
     # -- rooms ------------------------------------------------------------------------------------
 
-    async def _acquire(self, tenant: str, run: str, claims: TokenClaims) -> _Room:
+    async def _acquire(
+        self, tenant: str, run: str, claims: TokenClaims, *, create: bool = True
+    ) -> _Room:
         key = (tenant, run)
         while True:
             room = self._rooms.get(key)
@@ -292,7 +294,9 @@ class _RunLoader:
                 try:
                     store = await self._store(tenant)
                     stored = True
-                    rec = Record(store, run, HUB_AGENT, "system", create=not claims.read_only)
+                    rec = Record(
+                        store, run, HUB_AGENT, "system", create=create and not claims.read_only
+                    )
                     await rec.start()
                     room.commit = rec.commit_on_loop(self.limits.journal_window)
                     size = len(rec.replica.doc.get_update())

@@ -108,11 +108,12 @@ class _Waiter:
 class _Link:
     """The connection of one run: kept open (reconnecting with backoff) until closed."""
 
-    def __init__(self, journal: WsJournal, run: str) -> None:
+    def __init__(self, journal: WsJournal, run: str, *, create: bool = True) -> None:
         self.journal = journal
         self.run = run
+        self.create = create  # connecting may create the run (else the hub refuses: 4404)
         self.hub = journal.base  # the hub this run connects to (moves: see serve)
-        self.url = journal.hub_url(run, self.hub)
+        self.url = journal.hub_url(run, self.hub, create)
         self.ws: Any = None
         self.session: ClientSession | None = None
         self.up = anyio.Event()  # set while connected; replaced when the connection drops
@@ -212,7 +213,7 @@ class _Link:
                 return
             if not connected:  # the hub is gone: the next of the journal's hubs
                 self.hub = self.journal.hub_failed(self.hub)
-                self.url = self.journal.hub_url(self.run, self.hub)
+                self.url = self.journal.hub_url(self.run, self.hub, self.create)
             backoff = self.journal.min_backoff if connected else backoff * 2
             backoff = min(backoff, self.journal.max_backoff)
             await anyio.sleep(backoff)

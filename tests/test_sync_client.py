@@ -154,6 +154,29 @@ async def journal(hub: HubThread, run: str = RUN) -> list[Any]:
 # -- the Record API through the hub ---------------------------------------------------------
 
 
+async def test_open_record_create_false_of_a_missing_run_creates_nothing(tmp_path: Path) -> None:
+    """``open_record(run, create=False)`` through the hub refuses a missing run with
+    UnknownRun and creates nothing (the connection asks ``create=0``; connecting used to
+    create the run); the same store then creates it when asked, and opens it again."""
+    async with (
+        running_hub(tmp_path) as hub,
+        open_store(hub.url(), token=token("alice", run="*")) as store,
+    ):
+        with pytest.raises(UnknownRun):
+            async with store.open_record("nope", "alice", create=False):
+                pass
+        assert await store.backend.get_run(TENANT, "nope") is None
+        async with sqlite_store(hub) as local:
+            assert "nope" not in [r.run for r in await local.runs()]
+        async with store.open_record("nope", "alice") as rec:  # create=True: made now
+            await rec.map("m").set("k", 1)
+            await rec.flush()
+        async with store.open_record("nope", "alice", create=False) as rec:
+            assert rec.map("m").get("k") == 1
+    async with running_hub(tmp_path) as hub, sqlite_store(hub) as local:
+        assert "nope" in [r.run for r in await local.runs()]
+
+
 async def test_two_ws_clients_and_an_embedded_record_converge(tmp_path: Path) -> None:
     async with (
         running_hub(tmp_path) as hub,
