@@ -33,6 +33,8 @@ from rich.text import Text
 from crdtstore import CrdtStoreError, InvalidValue
 
 from ._hub import Hub, HubLimits
+from ._logs import configure as configure_logging
+from ._metrics import check_operator_token, serve_operator
 from ._tokens import (
     TokenClaims,
     append_revoked,
@@ -165,21 +167,40 @@ def serve_hub(
     refuse_with: str = "close",
     journal_window: float | None = None,
     store_linger: float | None = None,
+    *,
+    log_format: str = "text",
+    operator_token_file: Path | None = None,
+    metrics_address: str | None = None,
+    limits: HubLimits | None = None,
 ) -> None:
     """Run the hub until interrupted. The secret is loaded first: no secret, no hub.
     ``refuse_with``: how a bad token is refused (see :class:`Hub`); ``journal_window``,
     ``store_linger``: :attr:`HubLimits.journal_window`, :attr:`HubLimits.store_linger`
-    (seconds; None: the default).
+    (seconds; None: the default); ``log_format``: ``"text"`` or ``"json"`` (one JSON object
+    per line with tenant, run and agent, see :mod:`sync._logs`); ``operator_token_file``: a
+    file holding the operator token that ``/-/metrics`` and ``/-/health`` ask for on the
+    hub's port; ``metrics_address``: ``host:port`` serving them without a token (see
+    :mod:`sync._metrics`); ``limits``: the hub's limits (the two above replace theirs).
 
     Raises:
         SecretMissing: no secret, or too short.
         InvalidValue: ``refuse_with`` is neither ``"close"`` nor ``"http"``, or
-            ``journal_window`` or ``store_linger`` is negative or not finite.
+            ``journal_window`` or ``store_linger`` is negative or not finite, or
+            ``log_format``, the operator token or ``metrics_address`` is not valid.
     """
     secret = load_secret(secret_file)
     if refuse_with not in ("close", "http"):
         raise InvalidValue(f"--refuse-with must be 'close' or 'http', not {refuse_with!r}")
-    limits = HubLimits()
+    if log_format not in ("text", "json"):
+        raise InvalidValue(f"--log-format must be 'text' or 'json', not {log_format!r}")
+    operator_token = None
+    if operator_token_file is not None:
+        try:
+            operator_token = check_operator_token(operator_token_file.read_text().strip())
+        except OSError as exc:
+            raise InvalidValue(f"cannot read the operator token file: {exc}") from None
+    operator_at = _address(metrics_address) if metrics_address is not None else None
+    limits = limits or HubLimits()
     if journal_window is not None:
         limits = dataclasses.replace(limits, journal_window=journal_window)
     if store_linger is not None:
@@ -190,10 +211,9 @@ def serve_hub(
         limits=limits,
         revoked_file=revoked_file,
         refuse_with="http" if refuse_with == "http" else "close",
+        operator_token=operator_token,
     )
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging("json" if log_format == "json" else "text")
     raise_open_files_limit()
 
     async def run() -> None:
@@ -202,6 +222,13 @@ def serve_hub(
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with anyio.create_task_group() as tg:
                 bound = await tg.start(hub.serve, host, port)
+                if operator_at is not None:
+                    at = await tg.start(serve_operator, hub, *operator_at)
+                    print(
+                        f"crdtstore hub metrics on http://{operator_at[0]}:{at}/-/metrics",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 print(
                     f"crdtstore hub listening on ws://{host}:{bound}", file=sys.stderr, flush=True
                 )
@@ -212,6 +239,19 @@ def serve_hub(
 
     with contextlib.suppress(KeyboardInterrupt):
         anyio.run(run)
+
+
+def _address(text: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port`` too) as a pair.
+
+    Raises:
+        InvalidValue: it is not one.
+    """
+    host, sep, port = text.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise InvalidValue(f"--metrics-address must be host:port, not {text!r}")
+    return host, int(port)
 
 
 # -- the commands: ``crdtstore serve``, ``crdtstore token [revoke]`` (registered in the
@@ -277,6 +317,33 @@ StoreLingerOpt = Annotated[
 ]
 
 
+LogFormatOpt = Annotated[
+    str,
+    typer.Option(
+        "--log-format",
+        help="'text' or 'json' (one JSON object per line, with tenant, run and agent).",
+    ),
+]
+
+OperatorTokenFileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--operator-token-file",
+        help="File holding the operator token (16+ characters) that /-/metrics and "
+        "/-/health ask for on the hub's port (Authorization: Bearer, or ?token=).",
+    ),
+]
+
+MetricsAddressOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--metrics-address",
+        help="host:port serving /-/metrics and /-/health without a token (the address is "
+        "the access control: bind it to loopback or a private interface).",
+    ),
+]
+
+
 def serve_command(
     store: StoreOpt,
     host: HostOpt = "127.0.0.1",
@@ -286,6 +353,9 @@ def serve_command(
     refuse_with: RefuseWithOpt = "close",
     journal_window: JournalWindowOpt = None,
     store_linger: StoreLingerOpt = None,
+    log_format: LogFormatOpt = "text",
+    operator_token_file: OperatorTokenFileOpt = None,
+    metrics_address: MetricsAddressOpt = None,
 ) -> None:
     """Start the sync hub: agents connect to ws://HOST:PORT/<tenant>/<run>?token=...;
     tokens listed in the revocation file are refused (it is re-read when it changes)."""
@@ -299,6 +369,9 @@ def serve_command(
             refuse_with,
             journal_window,
             store_linger,
+            log_format=log_format,
+            operator_token_file=operator_token_file,
+            metrics_address=metrics_address,
         )
     except CrdtStoreError as exc:
         raise _fail(str(exc)) from None
