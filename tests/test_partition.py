@@ -181,3 +181,63 @@ async def test_clients_write_through_a_cut_and_converge_after_healing(tmp_path: 
             for p in reversed(procs):
                 p.stop()
     assert time.monotonic() - started < 60
+
+
+LEASE_PROC = ROOT / "tests" / "_partition_lease_proc.py"
+TTL = 1.5
+RESOURCE = "src/app.py"
+
+
+def lease_holder(link: Link, tmp_path: Path, agent: str) -> Proc:
+    url = f"ws://{link.hub_ip}:{PORT}/{TENANT}"
+    command = [sys.executable, str(LEASE_PROC), url, RUN, agent, token(agent), RESOURCE, str(TTL)]
+    return Proc(
+        [*link.net.exec_args(link.client_ns), *command], env=_env(), log=tmp_path / f"{agent}.log"
+    )
+
+
+async def test_a_holder_cut_off_past_its_ttl_loses_the_lease(tmp_path: Path) -> None:
+    """The holder's link is cut for longer than its TTL: the lease lapses, the other client is
+    granted it (a newer fencing token) and writes; after healing, the old holder's fenced
+    write is refused with LEASE_LOST and the new holder's write stands."""
+    with network() as net:
+        links = [net.client(), net.client()]
+        hub, store_url = start_hub(net, tmp_path)
+        procs: list[Proc] = [hub]
+        try:
+            await listening(hub)
+            old = lease_holder(links[0], tmp_path, "old")
+            procs.append(old)
+            await until(lambda: old.said("GRANT") or old.proc.poll() is not None, "grant", 20)
+            assert old.said("GRANT"), old.describe()
+            old_token = int(old.said("GRANT")[0].split()[1])
+            old.send("write before-the-cut")
+            await until(lambda: old.said("WROTE"), "the first fenced write", 20)
+
+            links[0].cut()
+            new = lease_holder(links[1], tmp_path, "new")
+            procs.append(new)
+            await until(lambda: new.said("GRANT") or new.proc.poll() is not None, "grant", 20)
+            assert new.said("GRANT"), new.describe()
+            assert int(new.said("GRANT")[0].split()[1]) > old_token
+            new.send("write by-the-new-holder")
+            await until(lambda: new.said("WROTE") or new.said("REFUSED"), "new write", 20)
+            assert new.said("WROTE"), new.describe()
+
+            links[0].heal()
+            old.send("write by-the-old-holder-after-healing")
+            await until(lambda: old.said("REFUSED") or len(old.said("WROTE")) > 1, "answer", 40)
+            assert old.said("REFUSED") == ["REFUSED LEASE_LOST"], old.describe()
+            new.send("exit")
+            old.send("exit")
+            await until(lambda: new.proc.poll() is not None, "the new holder to exit", 20)
+
+            async with open_store(store_url, tenant=TENANT) as store:
+                async with store.open_record(RUN, "checker", "tool") as rec:
+                    assert rec.map("files").get(RESOURCE) == "by-the-new-holder"
+                    history = await store.history(RUN, "files", RESOURCE)
+                    writers = [h.provenance.agent for h in history]
+                    assert writers[-1] == "new" and "old" in writers  # (old: before the cut)
+        finally:
+            for p in reversed(procs):
+                p.stop()
