@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -241,3 +242,19 @@ async def test_a_holder_cut_off_past_its_ttl_loses_the_lease(tmp_path: Path) -> 
         finally:
             for p in reversed(procs):
                 p.stop()
+
+
+def test_without_the_privilege_the_fixture_fails_with_the_reason() -> None:
+    """An unprivileged process (uid 65534, no capabilities) cannot make a namespace: the
+    fixture fails the test, naming what is missing (it never skips)."""
+    code = "from tests._netns import network\nwith network():\n    pass\n"
+    unprivileged = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    done = subprocess.run(
+        [*unprivileged, "env", f"PYTHONPATH={ROOT}", sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert "Failed: cannot create a network namespace" in done.stderr, done.stderr
+    assert "Skipped" not in done.stderr
