@@ -344,6 +344,30 @@ MetricsAddressOpt = Annotated[
 ]
 
 
+PingIntervalOpt = Annotated[
+    float | None,
+    typer.Option("--ping-interval", help="Seconds between keepalive pings (default 20)."),
+]
+
+PingTimeoutOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--ping-timeout",
+        help="Seconds a ping waits for its pong before the connection is closed as dead "
+        "(default 20).",
+    ),
+]
+
+
+def _keepalive(interval: float | None, timeout: float | None) -> HubLimits:
+    limits = HubLimits()
+    if interval is not None:
+        limits = dataclasses.replace(limits, ping_interval=interval)
+    if timeout is not None:
+        limits = dataclasses.replace(limits, ping_timeout=timeout)
+    return limits
+
+
 def serve_command(
     store: StoreOpt,
     host: HostOpt = "127.0.0.1",
@@ -356,6 +380,8 @@ def serve_command(
     log_format: LogFormatOpt = "text",
     operator_token_file: OperatorTokenFileOpt = None,
     metrics_address: MetricsAddressOpt = None,
+    ping_interval: PingIntervalOpt = None,
+    ping_timeout: PingTimeoutOpt = None,
 ) -> None:
     """Start the sync hub: agents connect to ws://HOST:PORT/<tenant>/<run>?token=...;
     tokens listed in the revocation file are refused (it is re-read when it changes)."""
@@ -372,6 +398,7 @@ def serve_command(
             log_format=log_format,
             operator_token_file=operator_token_file,
             metrics_address=metrics_address,
+            limits=_keepalive(ping_interval, ping_timeout),
         )
     except CrdtStoreError as exc:
         raise _fail(str(exc)) from None

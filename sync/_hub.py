@@ -314,6 +314,7 @@ class Hub(_RunLoader):
                     max_queue=64,
                     close_timeout=self.limits.close_timeout,
                     ping_interval=self.limits.ping_interval,
+                    ping_timeout=self.limits.ping_timeout,
                     logger=logging.getLogger("sync.hub.websockets"),
                 )
                 bound = server.sockets[0].getsockname()[1]
@@ -446,6 +447,7 @@ class Hub(_RunLoader):
                 await self._receive(conn)
                 tg.cancel_scope.cancel()
         finally:
+            log.info("%r: disconnected", conn)
             room.leave(conn)
             if conn.journal_client:
                 room.rec.readers -= 1

@@ -46,11 +46,11 @@ def _env() -> dict[str, str]:
     return {**os.environ, "CRDTSTORE_SECRET": SECRET.decode(), "PYTHONPATH": str(ROOT)}
 
 
-def start_hub(net: Net, tmp_path: Path) -> tuple[Proc, str]:
+def start_hub(net: Net, tmp_path: Path, *extra: str) -> tuple[Proc, str]:
     store = f"sqlite:///{tmp_path / 'store.db'}"
     options = ["--store", store, "--host", "0.0.0.0", "--port", str(PORT), "--store-linger", "0"]
     hub = Proc(
-        [*net.exec_args(net.hub_ns), sys.executable, "-m", "sync", *options],
+        [*net.exec_args(net.hub_ns), sys.executable, "-m", "sync", *options, *extra],
         env=_env(),
         log=tmp_path / "hub.log",
     )
@@ -258,3 +258,86 @@ def test_without_the_privilege_the_fixture_fails_with_the_reason() -> None:
     assert done.returncode != 0
     assert "Failed: cannot create a network namespace" in done.stderr, done.stderr
     assert "Skipped" not in done.stderr
+
+
+METRICS = "127.0.0.1:9100"
+
+
+def scrape_in(net: Net) -> dict[str, float]:
+    """The hub's metrics, fetched from inside its namespace (its --metrics-address)."""
+    code = (
+        "import urllib.request; "
+        f"print(urllib.request.urlopen('http://{METRICS}/-/metrics', timeout=10).read().decode())"
+    )
+    done = subprocess.run(
+        [*net.exec_args(net.hub_ns), sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 0, done.stderr
+    from tests.test_hub_metrics import samples
+
+    return samples(done.stdout)
+
+
+async def test_a_cut_longer_than_the_keepalive_drops_and_reconnects(tmp_path: Path) -> None:
+    """The hub pings every 0.3 s and drops a connection whose pong is 0.6 s late: a 2.5 s cut
+    ends the Python client's connection on the hub's side; it goes on writing offline, and
+    after healing it reconnects (the hub counts a new connection), resyncs and converges, with
+    every acknowledged entry journaled."""
+    with network() as net:
+        links = [net.client(), net.client()]
+        hub, store_url = start_hub(
+            net,
+            tmp_path,
+            "--ping-interval",
+            "0.3",
+            "--ping-timeout",
+            "0.6",
+            "--metrics-address",
+            METRICS,
+        )
+        procs: list[Proc] = [hub]
+        try:
+            await listening(hub)
+            agents = ["py1", "py2"]
+            py = [python_client(links[i], tmp_path, agents[i], agents) for i in range(2)]
+            procs += py
+            for p in py:
+                await until(lambda p=p: p.said("READY") or p.proc.poll() is not None, "READY")
+                assert p.proc.poll() is None, p.describe()
+            await until(lambda: all(last_flushed(p) >= 20 for p in py), "flushes", DEADLINE)
+            accepted = len([ln for ln in hub.err if "connected (rw)" in ln])
+            links[0].cut()
+            before_cut = wrote(py[0])
+            await until(
+                lambda: any("py1@t1/r1>: disconnected" in ln for ln in hub.err),
+                "the hub to drop py1's connection (keepalive)",
+                DEADLINE,
+            )
+            await until(lambda: wrote(py[0]) >= before_cut + 20, "offline writes", DEADLINE)
+            links[0].heal()
+            await until(lambda: last_flushed(py[0]) > before_cut + 20, "acks after healing")
+            reconnected = len([ln for ln in hub.err if "connected (rw)" in ln])
+            assert reconnected > accepted, "py1 did not open a new connection"
+            scraped = scrape_in(net)
+            assert scraped["crdtstore_hub_connections_total"] == reconnected
+            assert scraped["crdtstore_hub_connections_open"] == len(py)
+            for p in py:
+                p.send("stop")
+            for p in py:
+                await until(lambda p=p: p.said("OK") or p.proc.poll() is not None, "OK", 60)
+                assert p.said("OK"), p.describe()
+            results = [json.loads(p.said("OK")[0][3:]) for p in py]
+            assert results[0]["state"] == results[1]["state"]
+            async with open_store(store_url, tenant=TENANT) as store:
+                async with store.open_record(RUN, "checker", "tool") as rec:
+                    m = rec.map("m")
+                    for p, agent in zip(py, agents, strict=True):
+                        acked = last_flushed(p)
+                        missing = [i for i in range(acked + 1) if m.get(f"{agent}:{i}") != i]
+                        assert not missing, f"{agent}: acknowledged and lost: {missing[:10]}"
+        finally:
+            for p in reversed(procs):
+                p.stop()
