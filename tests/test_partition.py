@@ -1,13 +1,20 @@
 """Real network partitions (tests/_netns.py): the hub (``python -m sync``) in one network
 namespace, each client a real process in its own, joined by a veth pair; links degraded with
-``tc netem`` (delay, loss, duplication, reordering), cut mid-stream and healed.
+``tc`` (netem delay, loss, duplication, reordering; tbf where the kernel has no netem), cut
+mid-stream (the link down at both ends) and healed.
 
 - Two Python ``ws://`` clients (tests/_hub_agent_proc.py ``stream``) and a JavaScript
   y-websocket client (tests/interop/client.mjs) keep writing while their link is cut, and
   every one converges on the same state after healing; every entry a client saw acknowledged
   (``FLUSHED i``) is in the hub's journal.
+- A cut longer than the hub's keepalive (``--ping-interval 0.3 --ping-timeout 0.6``): the hub
+  drops the connection, the client reconnects after healing, resyncs and converges.
+- A lease holder cut off past its TTL loses the lease: the other client is granted it with a
+  newer token and writes; after healing the old holder's fenced write is refused with
+  ``LEASE_LOST`` and the new holder's write stands.
 
-Where a namespace cannot be created the test fails with the reason (no skip).
+Where a namespace cannot be created the test fails with the reason (no skip; checked by
+running the fixture unprivileged).
 """
 
 from __future__ import annotations
