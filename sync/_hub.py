@@ -28,7 +28,9 @@ requests (type 100) go to the op registry of :mod:`sync._ops`.
 
 Modules: ``_hub`` (this: serving, the upgrade, revocation, a connection's frames) ->
 ``_hub_runs`` (loaded runs, stores) -> ``_hub_conn`` (a connection's queue and limits),
-``_hub_record`` (attribution, group commit) -> ``_hub_limits``.
+``_hub_record`` (attribution, group commit) -> ``_hub_limits``; ``_metrics`` (``hub.metrics``:
+the counters the others bump, ``/-/metrics`` and ``/-/health``) and ``_logs`` (the tenant, run
+and agent of a connection's log lines) are leaves.
 """
 
 from __future__ import annotations
