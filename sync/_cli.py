@@ -33,6 +33,8 @@ from rich.text import Text
 from crdtstore import CrdtStoreError, InvalidValue
 
 from ._hub import Hub, HubLimits
+from ._logs import configure as configure_logging
+from ._metrics import check_operator_token, serve_operator
 from ._tokens import (
     TokenClaims,
     append_revoked,
@@ -190,6 +192,11 @@ def serve_hub(
     journal_window: float | None = None,
     store_linger: float | None = None,
     allow_volatile: bool = False,
+    *,
+    log_format: str = "text",
+    operator_token_file: Path | None = None,
+    metrics_address: str | None = None,
+    limits: HubLimits | None = None,
 ) -> None:
     """Run the hub until interrupted. The secret is loaded first: no secret, no hub.
     On a ``redis://`` store, the Redis and how it persists are logged, and a Redis that
@@ -197,17 +204,31 @@ def serve_hub(
     :func:`check_redis`).
     ``refuse_with``: how a bad token is refused (see :class:`Hub`); ``journal_window``,
     ``store_linger``: :attr:`HubLimits.journal_window`, :attr:`HubLimits.store_linger`
-    (seconds; None: the default).
+    (seconds; None: the default); ``log_format``: ``"text"`` or ``"json"`` (one JSON object
+    per line with tenant, run and agent, see :mod:`sync._logs`); ``operator_token_file``: a
+    file holding the operator token that ``/-/metrics`` and ``/-/health`` ask for on the
+    hub's port; ``metrics_address``: ``host:port`` serving them without a token (see
+    :mod:`sync._metrics`); ``limits``: the hub's limits (the two above replace theirs).
 
     Raises:
         SecretMissing: no secret, or too short.
         InvalidValue: ``refuse_with`` is neither ``"close"`` nor ``"http"``, or
-            ``journal_window`` or ``store_linger`` is negative or not finite.
+            ``journal_window`` or ``store_linger`` is negative or not finite, or
+            ``log_format``, the operator token or ``metrics_address`` is not valid.
     """
     secret = load_secret(secret_file)
     if refuse_with not in ("close", "http"):
         raise InvalidValue(f"--refuse-with must be 'close' or 'http', not {refuse_with!r}")
-    limits = HubLimits()
+    if log_format not in ("text", "json"):
+        raise InvalidValue(f"--log-format must be 'text' or 'json', not {log_format!r}")
+    operator_token = None
+    if operator_token_file is not None:
+        try:
+            operator_token = check_operator_token(operator_token_file.read_text().strip())
+        except OSError as exc:
+            raise InvalidValue(f"cannot read the operator token file: {exc}") from None
+    operator_at = _address(metrics_address) if metrics_address is not None else None
+    limits = limits or HubLimits()
     if journal_window is not None:
         limits = dataclasses.replace(limits, journal_window=journal_window)
     if store_linger is not None:
@@ -218,10 +239,9 @@ def serve_hub(
         limits=limits,
         revoked_file=revoked_file,
         refuse_with="http" if refuse_with == "http" else "close",
+        operator_token=operator_token,
     )
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging("json" if log_format == "json" else "text")
     if store.split("://", 1)[0].lower() in ("redis", "rediss"):
         check_redis(store, allow_volatile=allow_volatile)
     raise_open_files_limit()
@@ -232,6 +252,13 @@ def serve_hub(
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with anyio.create_task_group() as tg:
                 bound = await tg.start(hub.serve, host, port)
+                if operator_at is not None:
+                    at = await tg.start(serve_operator, hub, *operator_at)
+                    print(
+                        f"crdtstore hub metrics on http://{operator_at[0]}:{at}/-/metrics",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 print(
                     f"crdtstore hub listening on ws://{host}:{bound}", file=sys.stderr, flush=True
                 )
@@ -242,6 +269,19 @@ def serve_hub(
 
     with contextlib.suppress(KeyboardInterrupt):
         anyio.run(run)
+
+
+def _address(text: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port`` too) as a pair.
+
+    Raises:
+        InvalidValue: it is not one.
+    """
+    host, sep, port = text.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise InvalidValue(f"--metrics-address must be host:port, not {text!r}")
+    return host, int(port)
 
 
 # -- the commands: ``crdtstore serve``, ``crdtstore token [revoke]`` (registered in the
@@ -318,6 +358,56 @@ AllowVolatileOpt = Annotated[
     ),
 ]
 
+LogFormatOpt = Annotated[
+    str,
+    typer.Option(
+        "--log-format",
+        help="'text' or 'json' (one JSON object per line, with tenant, run and agent).",
+    ),
+]
+
+OperatorTokenFileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--operator-token-file",
+        help="File holding the operator token (16+ characters) that /-/metrics and "
+        "/-/health ask for on the hub's port (Authorization: Bearer, or ?token=).",
+    ),
+]
+
+MetricsAddressOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--metrics-address",
+        help="host:port serving /-/metrics and /-/health without a token (the address is "
+        "the access control: bind it to loopback or a private interface).",
+    ),
+]
+
+
+PingIntervalOpt = Annotated[
+    float | None,
+    typer.Option("--ping-interval", help="Seconds between keepalive pings (default 20)."),
+]
+
+PingTimeoutOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--ping-timeout",
+        help="Seconds a ping waits for its pong before the connection is closed as dead "
+        "(default 20).",
+    ),
+]
+
+
+def _keepalive(interval: float | None, timeout: float | None) -> HubLimits:
+    limits = HubLimits()
+    if interval is not None:
+        limits = dataclasses.replace(limits, ping_interval=interval)
+    if timeout is not None:
+        limits = dataclasses.replace(limits, ping_timeout=timeout)
+    return limits
+
 
 def serve_command(
     store: StoreOpt,
@@ -329,6 +419,11 @@ def serve_command(
     journal_window: JournalWindowOpt = None,
     store_linger: StoreLingerOpt = None,
     allow_volatile: AllowVolatileOpt = False,
+    log_format: LogFormatOpt = "text",
+    operator_token_file: OperatorTokenFileOpt = None,
+    metrics_address: MetricsAddressOpt = None,
+    ping_interval: PingIntervalOpt = None,
+    ping_timeout: PingTimeoutOpt = None,
 ) -> None:
     """Start the sync hub: agents connect to ws://HOST:PORT/<tenant>/<run>?token=...;
     tokens listed in the revocation file are refused (it is re-read when it changes).
@@ -344,6 +439,10 @@ def serve_command(
             journal_window,
             store_linger,
             allow_volatile,
+            log_format=log_format,
+            operator_token_file=operator_token_file,
+            metrics_address=metrics_address,
+            limits=_keepalive(ping_interval, ping_timeout),
         )
     except CrdtStoreError as exc:
         raise _fail(str(exc)) from None

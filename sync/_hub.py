@@ -28,7 +28,9 @@ requests (type 100) go to the op registry of :mod:`sync._ops`.
 
 Modules: ``_hub`` (this: serving, the upgrade, revocation, a connection's frames) ->
 ``_hub_runs`` (loaded runs, stores) -> ``_hub_conn`` (a connection's queue and limits),
-``_hub_limits``. The run's record journals by a group commit on the event loop
+``_hub_limits``; ``_metrics`` (``hub.metrics``: the counters the others bump, ``/-/metrics``
+and ``/-/health``) and ``_logs`` (the tenant, run and agent of a connection's log lines) are
+leaves. The run's record journals by a group commit on the event loop
 (``Record.commit_on_loop``, :mod:`crdtstore.record._loop_commit`).
 """
 
@@ -70,7 +72,9 @@ from ._errors import CloseCode, ProtocolError
 from ._hub_conn import _CURRENT, _MAX_REASON, _Conn
 from ._hub_limits import HubLimits
 from ._hub_runs import _EMPTY_UPDATES, HUB_AGENT, _CheckingDocument, _RunLoader
+from ._logs import bind as bind_log_context
 from ._messages import PermissionDenied, QueryAwareness, Request, Update, encode
+from ._metrics import HubMetrics, operator_routes
 from ._ops import OpContext, dispatch
 from ._ops_journal import (  # registers the journal ops (the ws:// client's)
     push_heads,
@@ -138,10 +142,14 @@ class Hub(_RunLoader):
             SQLite store's database (``store.db.revoked``), none for other stores.
         refuse_with: how a bad token is refused: ``"close"`` (default) completes the upgrade
             and closes at once with 4401/4403, ``"http"`` answers the upgrade with 401/403.
+        operator_token: serve ``/-/metrics`` and ``/-/health`` on the hub's port to requests
+            carrying it (bearer or ``?token=``; see :mod:`sync._metrics`); None: not served
+            there (:func:`sync._metrics.serve_operator` serves them on another address).
 
     Raises:
         SecretMissing: ``secret`` is too short.
-        InvalidValue: ``refuse_with`` is neither ``"close"`` nor ``"http"``.
+        InvalidValue: ``refuse_with`` is neither ``"close"`` nor ``"http"``, or
+            ``operator_token`` is too short.
         RevocationFileError: the revocation file exists but cannot be read.
     """
 
@@ -154,6 +162,7 @@ class Hub(_RunLoader):
         clock: Callable[[], float] = time.time,
         revoked_file: str | Path | None = None,
         refuse_with: Literal["close", "http"] = "close",
+        operator_token: str | None = None,
     ) -> None:
         if refuse_with not in ("close", "http"):
             raise InvalidValue(f"refuse_with must be 'close' or 'http', not {refuse_with!r}")
@@ -179,6 +188,9 @@ class Hub(_RunLoader):
         self._stopping = anyio.Event()
         # plain HTTP endpoints under /-/<name>/... (the viewer, metrics, health): name -> handler
         self.http_routes: dict[str, HttpRoute] = {"view": view_route}
+        self.metrics = HubMetrics(self)  # /-/metrics, /-/health (sync._metrics)
+        if operator_token is not None:
+            self.http_routes.update(operator_routes(operator_token))
         _check_secret(secret)  # fail now, not at the first connection
         self._read_revoked_file(strict=True)  # an unreadable list: fail now, not serve without
 
@@ -305,6 +317,7 @@ class Hub(_RunLoader):
                     max_queue=64,
                     close_timeout=self.limits.close_timeout,
                     ping_interval=self.limits.ping_interval,
+                    ping_timeout=self.limits.ping_timeout,
                     logger=logging.getLogger("sync.hub.websockets"),
                 )
                 bound = server.sockets[0].getsockname()[1]
@@ -330,13 +343,16 @@ class Hub(_RunLoader):
             return await self._http(connection, request)
         parts = url.path.split("/")
         if len(parts) != 3 or not parts[1] or not parts[2]:
+            self.metrics.refused(404)
             return connection.respond(404, "expected a path /<tenant>/<run>\n")
         tenant, run = unquote(parts[1]), unquote(parts[2])
         try:
             check_name("tenant", tenant)
             check_name("run", run)
         except InvalidName as exc:
+            self.metrics.refused(400)
             return connection.respond(400, f"{exc.code}: {exc}\n")
+        bind_log_context(tenant=tenant, run=run)
         tokens = parse_qs(url.query).get("token")
         token = tokens[0] if tokens else None
         if token is None:
@@ -351,6 +367,7 @@ class Hub(_RunLoader):
         except TokenError as exc:
             log.info("refused a connection to %s/%s: %s (%s)", tenant, run, exc.code, exc.reason)
             if self.refuse_with == "http":
+                self.metrics.refused(exc.http_status)
                 return connection.respond(exc.http_status, f"{exc.code}: {exc.reason}\n")
             # upgrade, then close with the 44xx code (the handler sends nothing before it)
             self._refused[connection] = (exc.close_code, f"{exc.code}: {exc.reason}"[:_MAX_REASON])
@@ -359,6 +376,7 @@ class Hub(_RunLoader):
         # run; a missing one is refused with 4404 (plain Yjs clients create it, token allowing)
         create = parse_qs(url.query).get("create", ["1"])[0] != "0"
         self._auth[connection] = (claims, tenant, run, create)
+        bind_log_context(agent=claims.agent)
         return None
 
     async def _http(self, connection: ServerConnection, request: HttpRequest) -> HttpResponse:
@@ -374,36 +392,37 @@ class Hub(_RunLoader):
     async def _handler(self, ws: ServerConnection) -> None:
         refused = self._refused.pop(ws, None)
         if refused is not None:  # a bad token (refuse_with="close"): no document byte
-            await ws.close(*refused)
+            await self._refuse(ws, *refused)
             return
         auth = self._auth.pop(ws, None)
         if auth is None:  # process_request refuses those; never serve without a token
-            await ws.close(CloseCode.UNAUTHORIZED, "TOKEN_INVALID: no token")
+            await self._refuse(ws, CloseCode.UNAUTHORIZED, "TOKEN_INVALID: no token")
             return
         claims, tenant, run, create = auth
         try:
             room = await self._acquire(tenant, run, claims, create=create)
         except UnknownRun as exc:
-            await ws.close(CloseCode.UNKNOWN_RUN, f"{exc.code}: {exc}"[:_MAX_REASON])
+            await self._refuse(ws, CloseCode.UNKNOWN_RUN, f"{exc.code}: {exc}")
             return
         except RunClosed as exc:
-            await ws.close(CloseCode.RUN_CLOSED, f"{exc.code}: {exc}"[:_MAX_REASON])
+            await self._refuse(ws, CloseCode.RUN_CLOSED, f"{exc.code}: {exc}")
             return
         except PayloadTooLarge as exc:
             log.warning("refused to load run %s/%s: %s", tenant, run, exc)
-            await ws.close(CloseCode.DOCUMENT_TOO_LARGE, f"{exc.code}: {exc}"[:_MAX_REASON])
+            await self._refuse(ws, CloseCode.DOCUMENT_TOO_LARGE, f"{exc.code}: {exc}")
             return
         except CrdtStoreError as exc:
             log.error("cannot load run %s/%s: %s", tenant, run, exc)
-            await ws.close(CloseCode.INTERNAL_ERROR, exc.code)
+            await self._refuse(ws, CloseCode.INTERNAL_ERROR, exc.code)
             return
         assert room.rec is not None
+        self.metrics.watch_record(room.rec)
         session = ServerSession(
             _CheckingDocument(room, self.limits.max_document_bytes),
             read_only=claims.read_only,
             max_message_size=self.limits.max_message_size,
         )
-        conn = _Conn(ws, claims, room, session, self.limits)
+        conn = _Conn(ws, claims, room, session, self.limits, self.metrics)
         try:
             async with anyio.create_task_group() as tg:
                 conn.scope = tg.cancel_scope
@@ -411,6 +430,7 @@ class Hub(_RunLoader):
                 tg.start_soon(conn.expire, claims.exp)
                 tg.start_soon(conn.awareness_watchdog)
                 room.join(conn)
+                self.metrics.connected()
                 self._fire_changed()
                 if claims.jti is not None and claims.jti in self._revoked:  # since the upgrade
                     log.warning("%r: token %s revoked; closing", conn, claims.jti)
@@ -434,6 +454,7 @@ class Hub(_RunLoader):
                 await self._receive(conn)
                 tg.cancel_scope.cancel()
         finally:
+            log.info("%r: disconnected", conn)
             room.leave(conn)
             if conn.journal_client and room.commit is not None:
                 room.commit.readers -= 1
@@ -484,6 +505,7 @@ class Hub(_RunLoader):
                 )
             elif received.refused is not None:
                 log.info("%r: refused a write (read-only)", conn)
+                self.metrics.write_denied()
             elif received.awareness:
                 room.update_awareness(received.awareness)
                 room.broadcast(frame)
@@ -503,6 +525,7 @@ class Hub(_RunLoader):
         if update in _EMPTY_UPDATES:
             conn.room.release(reservation)
             return
+        self.metrics.update_received()
         rec = conn.room.rec
         assert rec is not None
         token = _CURRENT.set(conn)
@@ -530,6 +553,12 @@ class Hub(_RunLoader):
             _CURRENT.reset(token)
             conn.room.release(reservation)
         conn.room.broadcast(encode(Update(update)) if frame is None else frame, exclude=conn)
+        self.metrics.update_broadcast(max(0, len(conn.room._targets or ()) - 1))
+
+    async def _refuse(self, ws: ServerConnection, code: int, reason: str) -> None:
+        """Close a connection that is not served with ``code`` (counted in the metrics)."""
+        self.metrics.refused(code)
+        await ws.close(code, reason[:_MAX_REASON])
 
     async def _request(self, conn: _Conn, request: Request) -> None:
         rec = conn.room.rec

@@ -29,6 +29,7 @@ from crdtstore import Writer
 from ._errors import CloseCode
 from ._hub_limits import HubLimits
 from ._messages import Awareness, AwarenessEntry, encode, encode_awareness_update
+from ._metrics import HubMetrics, metrics_of
 from ._session import ServerSession
 from ._tokens import TokenClaims
 
@@ -66,7 +67,9 @@ class _Conn:
         room: _Room,
         session: ServerSession,
         limits: HubLimits,
+        metrics: HubMetrics | None = None,
     ) -> None:
+        self.metrics = metrics if metrics is not None else metrics_of(None)
         self.ws = ws
         self.claims = claims
         # whom its writes are journaled as: the token's agent and source, never the client's say
@@ -137,6 +140,7 @@ class _Conn:
                 len(self.queue),
                 self.queued_bytes,
             )
+            self.metrics.queue_overflow(len(self.queue) + 1)
             self.close(CloseCode.SLOW_CONSUMER, "send queue overflow: reading too slowly")
             return
         self.queue.append(frame)
@@ -147,6 +151,7 @@ class _Conn:
         """End the connection with ``code`` (from any task); the first code given wins."""
         if self.close_with is None:
             self.close_with = (int(code), reason[:_MAX_REASON])
+            self.metrics.refused(code)
         self.queue.clear()
         self.queued_bytes = 0
         if self.scope is not None:

@@ -24,6 +24,8 @@ class HubLimits:
             the connection is closed with 4408 (slow consumer).
         close_timeout: seconds to wait for the peer's close frame.
         ping_interval: seconds between keepalive pings (None: no pings).
+        ping_timeout: seconds a ping may wait for its pong before the connection is closed
+            as dead (1011; a cut network shows up this way; None: never).
         awareness_timeout: a connection that sent no frame for this many seconds has its
             awareness states removed for everyone (y-protocols' ``outdatedTimeout``; Yjs
             clients renew their state every 15 s). They come back with its next announcement.
@@ -61,6 +63,7 @@ class HubLimits:
     max_queue_bytes: int = 64 * 1024 * 1024
     close_timeout: float = 5.0
     ping_interval: float | None = 20.0
+    ping_timeout: float | None = 20.0
     awareness_timeout: float = 30.0
     max_document_bytes: int | None = 256 * 1024 * 1024
     rate_per_second: float | None = 2000.0
@@ -79,6 +82,8 @@ class HubLimits:
             "max_queue_frames": self.max_queue_frames,
             "max_queue_bytes": self.max_queue_bytes,
             "awareness_timeout": self.awareness_timeout,
+            "ping_interval": self.ping_interval,
+            "ping_timeout": self.ping_timeout,
             "max_document_bytes": self.max_document_bytes,
             "rate_per_second": self.rate_per_second,
             "rate_burst": self.rate_burst,

@@ -69,6 +69,7 @@ from crdtstore.backend import (
 )
 from crdtstore.codec import MAX_SAFE_INTEGER
 
+from ._metrics import metrics_of
 from ._ops import OpContext, op
 from ._tokens import Forbidden
 
@@ -232,6 +233,7 @@ async def _request(ctx: OpContext, params: dict[str, JsonValue]) -> JsonValue:
     state = await _backend(ctx).request(
         tenant, owner, resources, ttl=ttl, key=key, proc=connection_proc(ctx, p.pid), wait=p.wait
     )
+    metrics_of(ctx.hub).lease_state(state)
     return lease_state_json(state)
 
 
@@ -242,6 +244,7 @@ async def _heartbeat(ctx: OpContext, params: dict[str, JsonValue]) -> JsonValue:
     state = await _backend(ctx).heartbeat(
         tenant, p.lease_id, ctx.claims.agent, connection_proc(ctx, p.pid)
     )
+    metrics_of(ctx.hub).lease_state(state)
     return lease_state_json(state)
 
 
@@ -249,6 +252,7 @@ async def _heartbeat(ctx: OpContext, params: dict[str, JsonValue]) -> JsonValue:
 async def _release(ctx: OpContext, params: dict[str, JsonValue]) -> JsonValue:
     p = _parse(ReleaseParams, "lease.release", params)
     await _backend(ctx).release(_tenant(ctx, p), p.lease_id, ctx.claims.agent, p.token)
+    metrics_of(ctx.hub).lease_gone(p.lease_id)
     return None
 
 
@@ -279,4 +283,6 @@ async def _check(ctx: OpContext, params: dict[str, JsonValue]) -> JsonValue:
 @op("lease.reap")
 async def _reap(ctx: OpContext, params: dict[str, JsonValue]) -> JsonValue:
     _parse(ReapParams, "lease.reap", params)
-    return {"reaped": await _backend(ctx).reap()}
+    reaped = await _backend(ctx).reap()
+    metrics_of(ctx.hub).leases_reaped(reaped)
+    return {"reaped": reaped}

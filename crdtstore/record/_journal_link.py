@@ -15,6 +15,7 @@ two background tasks keep it in step:
 from __future__ import annotations
 
 import logging
+import time
 from builtins import list as _List
 from typing import Any
 
@@ -31,7 +32,7 @@ from .._errors import (
 from .._heap import release_free_memory
 from .._journal import JournalEntry, NewEntry, Op, checksum
 from ._changes import Changes
-from ._loop_commit import LoopCommit, loop_schedulers
+from ._loop_commit import CommitObserver, LoopCommit, loop_schedulers
 from ._provenance import Meta
 from ._state import READ_CHUNK, SYNC_FIRST
 
@@ -98,6 +99,13 @@ class JournalLink(Changes):
             return None
         self._commit_policy = LoopCommit(self, append_now, call_soon, call_later, journal_window)
         return self._commit_policy
+
+    def observe_commits(self, observer: CommitObserver | None) -> None:
+        """Call ``observer(path, entries, seconds)`` after each journal commit of this record
+        (``path``: ``"loop"`` for :meth:`commit_on_loop`'s group commit, ``"committer"`` for
+        the committer task's); None stops. A hub's metrics time commits with it. Guarded
+        writes, which append inside an authority transaction, are not reported."""
+        self._commit_observer = observer
 
     @property
     def is_open(self) -> bool:
@@ -177,6 +185,7 @@ class JournalLink(Changes):
                 batch = list(self._pending)
                 if not batch:
                     continue
+                started = time.perf_counter()
                 try:
                     seqs = await self._backend.append(
                         self.tenant,
@@ -208,6 +217,9 @@ class JournalLink(Changes):
                 backoff = 0.01
                 self._failure = None
                 self._mark_committed(batch, seqs)
+                observer = self._commit_observer
+                if observer is not None:
+                    observer("committer", len(seqs), time.perf_counter() - started)
                 del batch, seqs  # do not hold the last batch while idle
 
     def _entries(self, batch: _List[tuple[bytes, _List[Op], Meta]]) -> _List[NewEntry]:

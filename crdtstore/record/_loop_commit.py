@@ -44,6 +44,12 @@ log = logging.getLogger("crdtstore.record")
 
 AppendNow = Callable[[str, str, Sequence[NewEntry]], "list[int] | None"]
 
+#: ``observer(path, entries, seconds)`` after a journal commit of a record: ``path`` is
+#: ``"loop"`` (this module's group commit) or ``"committer"`` (the record's committer task),
+#: ``entries`` how many it appended, ``seconds`` how long the append took (see
+#: :meth:`~._journal_link.JournalLink.observe_commits`). It runs on the event loop: keep it cheap.
+CommitObserver = Callable[[str, int, float], None]
+
 
 def loop_schedulers() -> tuple[
     Callable[[Callable[[], None]], object] | None,
@@ -173,6 +179,7 @@ class LoopCommit:
         ):
             return False
         batch = list(pending)
+        started = time.perf_counter()
         try:
             seqs = self._append_now(rec.tenant, rec._jrun, rec._entries(batch))
         except CrdtStoreError as exc:
@@ -183,4 +190,7 @@ class LoopCommit:
         self.group_commits += 1
         self._last_commit = time.monotonic()
         rec._mark_committed(batch, seqs)
+        observer = rec._commit_observer
+        if observer is not None:
+            observer("loop", len(seqs), time.perf_counter() - started)
         return True

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from .._store import Store
     from ._changes import _Subscriber
     from ._foreign import _FastAppend
-    from ._loop_commit import LoopCommit
+    from ._loop_commit import CommitObserver, LoopCommit
     from ._maps import MapCollection
 
 READ_CHUNK = 10_000
@@ -91,6 +91,8 @@ class RecordState:
         self._commit_lock = anyio.Lock(fast_acquire=True)
         # who journals the pending entries instead of the committer (Record.commit_on_loop)
         self._commit_policy: LoopCommit | None = None
+        # called after each journal commit of this record (Record.observe_commits)
+        self._commit_observer: CommitObserver | None = None
         self._failure: BaseException | None = None
         self._read_only: ReadOnlyAccess | None = None  # writes refused before any change
         # the backend attributes every write itself (ws://: the token's agent and source):
