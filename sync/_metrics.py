@@ -44,7 +44,7 @@ from websockets.http11 import Response as HttpResponse
 from crdtstore import InvalidValue, open_store
 
 if TYPE_CHECKING:
-    from crdtstore._leases._models import LeaseState
+    from crdtstore.backend import LeaseState
 
     from ._hub import Hub
 
