@@ -293,12 +293,21 @@ class Decoder:
             raise CodecError(f"byte array of {n} bytes runs past the end of the frame")
         self.pos = pos + n
 
-    def skip_any(self, depth: int = 0) -> None:
+    def skip_any(self) -> None:
         """Move past a lib0 ``any`` value without building it.
 
         Raises:
-            CodecError: truncated, an unknown tag, or nested deeper than 256.
+            CodecError: truncated, an unknown tag, or nested deeper than 256 (the position
+                is left where it was).
         """
+        start = self.pos
+        try:
+            self._skip_any(0)
+        except CodecError:
+            self.pos = start
+            raise
+
+    def _skip_any(self, depth: int) -> None:
         if depth > _MAX_DEPTH:
             raise CodecError("value nested too deep")
         tag = self.read_byte()
@@ -315,20 +324,29 @@ class Decoder:
         elif tag == 118:  # object
             for _ in range(self.read_var_uint()):
                 self.skip_var_string()
-                self.skip_any(depth + 1)
+                self._skip_any(depth + 1)
         elif tag == 117:  # array
             for _ in range(self.read_var_uint()):
-                self.skip_any(depth + 1)
+                self._skip_any(depth + 1)
         else:
             raise CodecError(f"unknown value tag {tag}")
 
-    def read_any(self, depth: int = 0) -> Any:
+    def read_any(self) -> Any:
         """Read a lib0 ``any`` value as pycrdt shows it: numbers as floats (but bigints),
         ``undefined`` as None, binary as a ``bytearray``.
 
         Raises:
-            CodecError: truncated, an unknown tag, or nested deeper than 256.
+            CodecError: truncated, an unknown tag, or nested deeper than 256 (the position
+                is left where it was).
         """
+        start = self.pos
+        try:
+            return self._read_any(0)
+        except CodecError:
+            self.pos = start
+            raise
+
+    def _read_any(self, depth: int) -> Any:
         if depth > _MAX_DEPTH:
             raise CodecError("value nested too deep")
         tag = self.read_byte()
@@ -359,10 +377,10 @@ class Decoder:
             out: dict[str, Any] = {}
             for _ in range(self.read_var_uint()):
                 k = self.read_var_string()
-                out[k] = self.read_any(depth + 1)
+                out[k] = self._read_any(depth + 1)
             return out
         if tag == 117:
-            return [self.read_any(depth + 1) for _ in range(self.read_var_uint())]
+            return [self._read_any(depth + 1) for _ in range(self.read_var_uint())]
         if tag == 116:
             return bytearray(self.read_var_uint8array())
         raise CodecError(f"unknown value tag {tag}")
