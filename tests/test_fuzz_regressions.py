@@ -100,3 +100,17 @@ def test_a_refused_update_leaves_the_replica_unchanged() -> None:
     with pytest.raises(InvalidUpdate):
         replica.apply_update(bytes.fromhex(_REFUSED_11))
     assert bytes(replica.doc.get_update()) == before
+
+
+@pytest.mark.parametrize(
+    "data", [b"\x77\x03\xfdbc", b"\x76\x01\x01\xff\x7e", b"\x75\x01\x77\x01\xc3"]
+)
+def test_skip_any_refuses_what_read_any_refuses(data: bytes) -> None:
+    """fuzz_v1_update: ``skip_any`` moved past a string value (or an object key) that is not
+    valid UTF-8 (``77 03 fd 62 63``), which ``read_any`` refuses: the update decoder skips
+    every value of a map entry but its first, so it accepted what it would refuse one
+    value earlier."""
+    with pytest.raises(CodecError):
+        Decoder(data).read_any()
+    with pytest.raises(CodecError):
+        Decoder(data).skip_any()

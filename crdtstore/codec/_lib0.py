@@ -294,7 +294,8 @@ class Decoder:
         self.pos = pos + n
 
     def skip_any(self) -> None:
-        """Move past a lib0 ``any`` value without building it.
+        """Move past a lib0 ``any`` value without building it (its strings are checked to
+        be UTF-8: it refuses what :meth:`read_any` refuses).
 
         Raises:
             CodecError: truncated, an unknown tag, or nested deeper than 256 (the position
@@ -319,11 +320,13 @@ class Decoder:
             self.skip(4)
         elif tag in (123, 122):  # float64, bigint64
             self.skip(8)
-        elif tag in (119, 116):  # string, Uint8Array
+        elif tag == 119:  # string: checked as read_any checks it (valid UTF-8)
+            self.read_var_string()
+        elif tag == 116:  # Uint8Array
             self.skip_var_string()
         elif tag == 118:  # object
             for _ in range(self.read_var_uint()):
-                self.skip_var_string()
+                self.read_var_string()
                 self._skip_any(depth + 1)
         elif tag == 117:  # array
             for _ in range(self.read_var_uint()):
