@@ -114,3 +114,16 @@ def test_skip_any_refuses_what_read_any_refuses(data: bytes) -> None:
         Decoder(data).read_any()
     with pytest.raises(CodecError):
         Decoder(data).skip_any()
+
+
+@pytest.mark.parametrize("call", [".'asyencio:sleep", ".:f", "..x:y"])
+def test_a_relative_module_in_a_spec_is_spec_invalid(call: str) -> None:
+    """fuzz_flow_spec: ``call: .'asyencio:sleep`` made the loader's ``import_module`` raise
+    TypeError (a relative import needs a package), not SpecInvalid."""
+    from crdtstore.flow._errors import SpecInvalid
+    from crdtstore.flow._spec import parse_spec
+
+    spec = {"name": "r", "steps": [{"id": "a", "kind": "python", "call": call}]}
+    with pytest.raises(SpecInvalid) as info:
+        parse_spec(spec)
+    assert info.value.field == "steps[0].executor.call"
