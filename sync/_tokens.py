@@ -237,9 +237,12 @@ def _unb64(text: str) -> bytes:
     if not text or any(c not in _B64_ALPHABET for c in text):
         raise TokenInvalid("token is not base64url")
     try:
-        return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        data = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
     except (binascii.Error, ValueError):
         raise TokenInvalid("token is not base64url") from None
+    if _b64(data) != text:  # bits the last character carries past the data: one spelling only
+        raise TokenInvalid("token is not canonical base64url")
+    return data
 
 
 _B64_ALPHABET: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
@@ -296,10 +299,11 @@ def verify(
     if not dot or "." in signature:
         raise TokenInvalid("malformed token")
     given = _unb64(signature)
+    raw = _unb64(payload)  # (base64url only: the signature is over its ASCII bytes)
     if not hmac.compare_digest(given, _signature(secret, payload)):
         raise TokenInvalid("token signature does not match")
     try:
-        claims = TokenClaims.model_validate(pydantic_core.from_json(_unb64(payload)))
+        claims = TokenClaims.model_validate(pydantic_core.from_json(raw))
     except (ValueError, ValidationError):
         raise TokenInvalid("token claims are not valid") from None
     now = time.time() if now is None else now

@@ -293,12 +293,22 @@ class Decoder:
             raise CodecError(f"byte array of {n} bytes runs past the end of the frame")
         self.pos = pos + n
 
-    def skip_any(self, depth: int = 0) -> None:
-        """Move past a lib0 ``any`` value without building it.
+    def skip_any(self) -> None:
+        """Move past a lib0 ``any`` value without building it (its strings are checked to
+        be UTF-8: it refuses what :meth:`read_any` refuses).
 
         Raises:
-            CodecError: truncated, an unknown tag, or nested deeper than 256.
+            CodecError: truncated, an unknown tag, or nested deeper than 256 (the position
+                is left where it was).
         """
+        start = self.pos
+        try:
+            self._skip_any(0)
+        except CodecError:
+            self.pos = start
+            raise
+
+    def _skip_any(self, depth: int) -> None:
         if depth > _MAX_DEPTH:
             raise CodecError("value nested too deep")
         tag = self.read_byte()
@@ -310,25 +320,36 @@ class Decoder:
             self.skip(4)
         elif tag in (123, 122):  # float64, bigint64
             self.skip(8)
-        elif tag in (119, 116):  # string, Uint8Array
+        elif tag == 119:  # string: checked as read_any checks it (valid UTF-8)
+            self.read_var_string()
+        elif tag == 116:  # Uint8Array
             self.skip_var_string()
         elif tag == 118:  # object
             for _ in range(self.read_var_uint()):
-                self.skip_var_string()
-                self.skip_any(depth + 1)
+                self.read_var_string()
+                self._skip_any(depth + 1)
         elif tag == 117:  # array
             for _ in range(self.read_var_uint()):
-                self.skip_any(depth + 1)
+                self._skip_any(depth + 1)
         else:
             raise CodecError(f"unknown value tag {tag}")
 
-    def read_any(self, depth: int = 0) -> Any:
+    def read_any(self) -> Any:
         """Read a lib0 ``any`` value as pycrdt shows it: numbers as floats (but bigints),
         ``undefined`` as None, binary as a ``bytearray``.
 
         Raises:
-            CodecError: truncated, an unknown tag, or nested deeper than 256.
+            CodecError: truncated, an unknown tag, or nested deeper than 256 (the position
+                is left where it was).
         """
+        start = self.pos
+        try:
+            return self._read_any(0)
+        except CodecError:
+            self.pos = start
+            raise
+
+    def _read_any(self, depth: int) -> Any:
         if depth > _MAX_DEPTH:
             raise CodecError("value nested too deep")
         tag = self.read_byte()
@@ -359,10 +380,10 @@ class Decoder:
             out: dict[str, Any] = {}
             for _ in range(self.read_var_uint()):
                 k = self.read_var_string()
-                out[k] = self.read_any(depth + 1)
+                out[k] = self._read_any(depth + 1)
             return out
         if tag == 117:
-            return [self.read_any(depth + 1) for _ in range(self.read_var_uint())]
+            return [self._read_any(depth + 1) for _ in range(self.read_var_uint())]
         if tag == 116:
             return bytearray(self.read_var_uint8array())
         raise CodecError(f"unknown value tag {tag}")

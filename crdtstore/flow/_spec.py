@@ -283,9 +283,11 @@ def resolve_call(call: StepCall, field: str = "call") -> Callable[..., Any]:
         module, sep, attr = call.partition(":")
         if not sep or not module or not attr:
             raise SpecInvalid(field, f"expected 'module:function', not {call!r}")
+        if module.startswith("."):
+            raise SpecInvalid(field, f"{module!r} is a relative module name: give it in full")
         try:
             obj: Any = importlib.import_module(module)
-        except ImportError as exc:
+        except (ImportError, ValueError) as exc:  # (ValueError: a name it cannot look up)
             raise SpecInvalid(field, f"cannot import {module!r}: {exc}") from None
         for part in attr.split("."):
             try:
