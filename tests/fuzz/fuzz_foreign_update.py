@@ -1,6 +1,6 @@
 """Fuzz target: the record's path for foreign update bytes, what the hub applies from a plain
-Yjs client (``check_update`` then ``apply_update(checked=True)``: crdtstore.record._foreign, _external;
-sync._hub_record applies them the same way).
+Yjs client (``check_update`` then ``apply_update(writer=..., checked=True)``:
+crdtstore.record._foreign, _external; sync._hub applies them the same way).
 
 Each input runs against a fresh record on a ``memory://`` store holding a map, a text and
 an ``append_only`` list. The first byte's low bit picks the mode: raw (even: the rest is the
