@@ -20,11 +20,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from . import (
-    CrdtStoreError,
-    JournalEntry,
-    Store,
-)
+from . import CrdtStoreError, JournalEntry, Store
 
 T = TypeVar("T")
 

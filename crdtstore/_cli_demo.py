@@ -35,12 +35,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from . import (
-    JournalEntry,
-    Record,
-    _demo,
-    open_store,
-)
+from . import JournalEntry, Record, _demo, open_store
 from ._cli_common import (
     _all_entries,
     _fail,

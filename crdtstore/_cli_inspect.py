@@ -11,23 +11,12 @@ import json
 from typing import Annotated, Any
 
 import typer
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-)
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from . import (
-    HistoryEntry,
-    JournalEntry,
-    RunInfo,
-    open_store,
-)
+from . import HistoryEntry, JournalEntry, RunInfo, open_store
 from ._cli_common import (
     CLI_AGENT,
     JsonOpt,

@@ -12,11 +12,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from . import (
-    JournalEntry,
-    Record,
-    RunInfo,
-)
+from . import JournalEntry, Record, RunInfo
 from ._cli_common import _clock, _fixed_but, _line, _short
 
 

@@ -21,13 +21,7 @@ from anyio.abc import TaskGroup
 from ._backends.memory import MemoryJournal
 from ._backends.sqlite import SQLiteJournal
 from ._errors import InvalidValue, StoreClosed, UnsupportedURL
-from ._journal import (
-    Durability,
-    JournalBackend,
-    JournalEntry,
-    Row,
-    RunInfo,
-)
+from ._journal import Durability, JournalBackend, JournalEntry, Row, RunInfo
 from ._leases import Lease, Leases, lease_backend_for
 from ._models import HistoryEntry
 from ._names import check_name

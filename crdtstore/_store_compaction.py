@@ -19,11 +19,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ._errors import LeaseHeld
 from ._heap import release_free_memory
-from ._journal import (
-    JournalBackend,
-    RunInfo,
-    SnapshotRow,
-)
+from ._journal import JournalBackend, RunInfo, SnapshotRow
 from ._leases import Lease
 from .record._replay import BulkLoad
 from .record._replica import Replica

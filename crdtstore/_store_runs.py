@@ -12,14 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from ._errors import InvalidValue
-from ._journal import (
-    Durability,
-    JournalBackend,
-    NewEntry,
-    RunInfo,
-    RunRow,
-    checksum,
-)
+from ._journal import Durability, JournalBackend, NewEntry, RunInfo, RunRow, checksum
 from ._names import check_key, check_name
 from ._notify import Notifier
 from ._semantics import CollectionSpec

@@ -28,9 +28,13 @@ See ``crdtstore/sim/_sim.py`` for why the simulator drives real records and how 
 ordered.
 """
 
+from ._agent import agent_state as agent_state
+from ._agent import decode_state_vector as decode_state_vector
 from ._check import Violation as Violation
 from ._check import WriteRec as WriteRec
 from ._check import check_state as check_state
+from ._config import SimConfig as SimConfig
+from ._config import SimResult as SimResult
 from ._conflicts import Contest as Contest
 from ._conflicts import CountPoint as CountPoint
 from ._conflicts import conflict_counts as conflict_counts
@@ -44,11 +48,7 @@ from ._diffs import journal_diff as journal_diff
 from ._network import LinkSpec as LinkSpec
 from ._network import Message as Message
 from ._network import NetworkConfig as NetworkConfig
-from ._sim import SimConfig as SimConfig
-from ._sim import SimResult as SimResult
 from ._sim import Simulation as Simulation
-from ._sim import agent_state as agent_state
-from ._sim import decode_state_vector as decode_state_vector
 from ._sim import simulate as simulate
 from ._steps import Append as Append
 from ._steps import Delete as Delete

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ._check import WriteRec, lww_frontier
-from ._sim import SimResult
+from ._config import SimResult
 from ._timeline import TraceLike, _agent_names, _events, _figure
 from ._trace import canon
 

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ._sim import SimResult
+from ._config import SimResult
 from ._trace import Trace
 
 if TYPE_CHECKING:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from ..record._record import Record
 from ..record._replica import Replica
 from ._check import SEP, WriteRec
-from ._sim import SimResult
+from ._config import SimResult
 from ._trace import canon
 
 if TYPE_CHECKING:
