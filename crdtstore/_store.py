@@ -3,49 +3,36 @@
 ``open_store(url)`` finds the backend for the URL's scheme in a registry filled from the
 ``crdtstore.backends`` entry-point group (as SQLAlchemy finds its dialects), so other packages,
 ``sync`` among them, add schemes without crdtstore importing them.
+
+:class:`Store` is opened here; its replay and compaction (``_store_compaction``) and the life
+of its runs after they are made (``_store_runs``: close, archive, retention, delete, redact)
+are mixins of their own modules.
 """
 
 from __future__ import annotations
 
-import logging
-import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from importlib.metadata import entry_points
 from typing import Any, Literal
 
 import anyio
 from anyio.abc import TaskGroup
-from pydantic import BaseModel, ConfigDict
 
 from ._backends.memory import MemoryJournal
 from ._backends.sqlite import SQLiteJournal
-from ._errors import InvalidValue, LeaseHeld, StoreClosed, UnsupportedURL
-from ._heap import release_free_memory
-from ._journal import (
-    Durability,
-    JournalBackend,
-    JournalEntry,
-    NewEntry,
-    Row,
-    RunInfo,
-    RunRow,
-    SnapshotRow,
-    checksum,
-)
+from ._errors import InvalidValue, StoreClosed, UnsupportedURL
+from ._journal import Durability, JournalBackend, JournalEntry, Row, RunInfo
 from ._leases import Lease, Leases, lease_backend_for
 from ._models import HistoryEntry
-from ._names import check_key, check_name
+from ._names import check_name
 from ._notify import Notifier
 from ._semantics import CollectionSpec
+from ._store_compaction import COMPACTION_ITEMS as COMPACTION_ITEMS
+from ._store_compaction import CompactionResult as CompactionResult
+from ._store_compaction import _Compaction
+from ._store_runs import _info, _RunLifecycle
 from .record._document import DEFAULT_MAX_UPDATE
 from .record._record import Record
-from .record._replay import BulkLoad
-from .record._replica import Replica
-from .record._state import READ_CHUNK
-
-log = logging.getLogger("crdtstore.store")
-
-_FEED = 1000  # journal entries a replay applies between two yields to other tasks
 
 DEFAULT_AUTO_COMPACT: int | None = None
 """Journal entries after a run's snapshot that make a record compact the run in the
@@ -54,12 +41,6 @@ writing process: at 10,000 it added about 45% to a long stream of small writes, 
 resident memory of a writer that compacted stays higher (100k entries: 3.1x a raw doc
 instead of 1.8x; bench/README.md), so it is opt-in."""
 
-_SNAPSHOT_BYTES_PER_ENTRY = 1000
-"""Automatic compaction waits for one journal entry per this many bytes of the run's last
-snapshot when that is more than ``auto_compact``: a compaction costs about as much as
-applying the snapshot (~0.1 us per byte measured, bench/README.md), reading a journal entry
-at open 50-120 us, so the journal tail then costs about as much at open as the snapshot,
-and compacting does not grow with the square of the run."""
 
 _BUILTIN: dict[str, Callable[[str], JournalBackend]] = {
     "memory": MemoryJournal,
@@ -84,28 +65,6 @@ def _backend_for(url: str, **options: Any) -> JournalBackend:
     if scheme in _BUILTIN:
         raise InvalidValue(f"the {scheme} backend takes no options, got {sorted(options)}")
     return factory(url, **options)
-
-
-class CompactionResult(BaseModel):
-    """What :meth:`Store.compact` did."""
-
-    model_config = ConfigDict(frozen=True)
-
-    run: str
-    seq: int
-    entries: int
-    snapshot_bytes: int
-    journal_dropped: bool
-    seconds: float
-
-
-COMPACTION_ITEMS = "__crdtstore_compaction"
-"""The collection of the work items whose leases are runs' compaction leases (see
-:meth:`Store.compact`)."""
-
-
-def _info(row: RunRow) -> RunInfo:
-    return RunInfo(**row._asdict())
 
 
 def open_store(
@@ -192,7 +151,7 @@ def open_store(
     )
 
 
-class Store:
+class Store(_RunLifecycle, _Compaction):
     """An open store. Records of its runs are opened with :meth:`open_record`."""
 
     def __init__(
@@ -447,295 +406,3 @@ class Store:
                         )
                     )
         return out
-
-    async def replay(
-        self,
-        run: str,
-        *,
-        until: int | None = None,
-        progress: Callable[[int, int], None] | None = None,
-    ) -> Replica:
-        """Rebuild the run's record from its journal up to position ``until`` (inclusive;
-        None for all) into a detached replica, for inspection and time travel.
-
-        Starts from the newest snapshot when it does not pass ``until``. If the journal
-        prefix being read is dropped meanwhile (a compaction with ``drop_journal``, a
-        redaction), the replay starts again from the newer snapshot.
-        """
-        info = await self.run_info(run)
-        target = info.head if until is None else min(until, info.head)
-        for _ in range(3):
-            replica, from_seq, gap = await self._replay_once(run, target, progress)
-            if not gap:
-                break
-            now = await self.run_info(run)
-            if now.snapshot_seq == from_seq or (until is not None and now.snapshot_seq > until):
-                break  # the gap predates this replay (a prefix dropped long ago): as before
-            log.info("journal of %s/%s dropped during replay; replaying again", self.tenant, run)
-            if until is None:
-                target = now.head
-        return replica
-
-    async def _replay_once(
-        self, run: str, target: int, progress: Callable[[int, int], None] | None
-    ) -> tuple[Replica, int, bool]:
-        """One replay; return the replica, the snapshot position it started from and whether
-        the journal had a gap (entries missing between two positions read)."""
-        replica = Replica(max_update=self.max_update)
-        seq = start = 0
-        snap = await self._backend.load_snapshot(self.tenant, run)
-        if snap is not None and snap.seq <= target:
-            replica.apply_update(
-                snap.update, trial_decode=False, size_limit=False
-            )  # our own snapshot
-            replica.import_state(snap.state)
-            seq = start = replica.seq = snap.seq
-        del snap
-        bulk = BulkLoad(replica, run)
-        gap = False
-        while seq < target:
-            rows = await self._backend.read(self.tenant, run, seq, min(READ_CHUNK, target - seq))
-            if not rows:
-                break
-            gap = gap or rows[0].seq != seq + 1
-            for at in range(0, len(rows), _FEED):  # yield to other tasks between pieces
-                bulk.feed(rows[at : at + _FEED])
-                await anyio.lowlevel.checkpoint()
-            seq = replica.seq = rows[-1].seq
-            del rows
-            if progress is not None:
-                progress(seq, target)
-        bulk.finish()
-        return replica, start, gap
-
-    async def compact(
-        self,
-        run: str,
-        *,
-        drop_journal: bool = False,
-        progress: Callable[[int, int], None] | None = None,
-    ) -> CompactionResult:
-        """Merge the run's journal into a snapshot, so that opening it reads the snapshot and
-        only the entries after it.
-
-        Processes that are tailing the run keep working: the journal entries stay (they are
-        the audit trail) unless ``drop_journal``; a reader that falls behind a dropped prefix
-        takes the snapshot instead.
-
-        On a backend shared by many processes that asks for it (``compaction_lease``:
-        Redis), the compaction holds the run's compaction lease (the work item
-        ``__crdtstore_compaction/<run>``), waiting for another process's compaction of the
-        run to end first: one compactor of a run at a time.
-        """
-        return await self._compact(run, drop_journal, progress, wait=True)
-
-    async def _compact(
-        self,
-        run: str,
-        drop_journal: bool,
-        progress: Callable[[int, int], None] | None,
-        *,
-        wait: bool,
-    ) -> CompactionResult:
-        """:meth:`compact`; ``wait``: False to raise ``LeaseHeld`` at once when another
-        process compacts the run (the automatic compaction then leaves it to that one)."""
-        lease: Lease | None = None
-        if getattr(self._backend, "compaction_lease", False):
-            from ._leases import item_resource
-
-            resource = item_resource(COMPACTION_ITEMS, run)
-            lease = self.lease([resource], ttl=30.0, owner="compactor", wait=wait)
-            await lease.acquire()
-        try:
-            return await self._compact_held(run, drop_journal, progress)
-        finally:
-            if lease is not None:
-                with anyio.CancelScope(shield=True):
-                    await lease.release()
-
-    async def _compact_held(
-        self, run: str, drop_journal: bool, progress: Callable[[int, int], None] | None
-    ) -> CompactionResult:
-
-        started = time.perf_counter()
-        info = await self.run_info(run)
-        replica = await self.replay(run, progress=progress)
-        update = replica.doc.get_update()
-        await self._backend.save_snapshot(
-            self.tenant,
-            run,
-            SnapshotRow(replica.seq, update, replica.export_state(), time.time()),
-            drop_journal=drop_journal,
-        )
-        result = CompactionResult(
-            run=run,
-            seq=replica.seq,
-            entries=replica.seq - info.snapshot_seq,
-            snapshot_bytes=len(update),
-            journal_dropped=drop_journal,
-            seconds=time.perf_counter() - started,
-        )
-        del replica, update  # the scratch document: its pages go back to the system
-        release_free_memory()
-        return result
-
-    def _after_commit(self, run: str, head: int) -> None:
-        """A record of ``run`` (the journal's run) committed entries up to ``head``: start a
-        background compaction when more than ``auto_compact`` entries (or one per
-        ``_SNAPSHOT_BYTES_PER_ENTRY`` bytes of the last snapshot this store made, if more)
-        follow the snapshot last seen, unless one of this store is already running for it.
-
-        Across processes, a compactor that finds a fresh snapshot does nothing, and saving
-        keeps whichever snapshot covers more (one short write transaction).
-        """
-        limit = self.auto_compact
-        if limit is None:
-            return
-        if head > self._head_seen.get(run, 0):
-            self._head_seen[run] = head
-        if self._state != "open" or run in self._compacting:
-            return
-        limit = max(limit, self._snapshot_bytes.get(run, 0) // _SNAPSHOT_BYTES_PER_ENTRY)
-        if head - self._snapshot_at.get(run, 0) <= limit:
-            return
-        assert self._tg is not None
-        self._compacting.add(run)
-        self._tg.start_soon(self._auto_compact, run, limit, head)
-
-    async def _auto_compact(self, run: str, limit: int, head: int) -> None:
-        done = False
-        try:
-            info = await self.run_info(run)
-            self._snapshot_at[run] = info.snapshot_seq
-            if info.head - info.snapshot_seq > limit:  # else another process compacted it
-                result = await self._compact(run, False, None, wait=False)
-                self._snapshot_at[run] = result.seq
-                self._snapshot_bytes[run] = result.snapshot_bytes
-                log.debug(
-                    "auto-compacted %s/%s up to %d in %.2fs (%d bytes)",
-                    self.tenant,
-                    run,
-                    result.seq,
-                    result.seconds,
-                    result.snapshot_bytes,
-                )
-                done = True
-        except LeaseHeld:  # another process compacts it now
-            self._snapshot_at[run] = max(self._snapshot_at.get(run, 0), head)
-        except Exception as exc:  # background work must not take the store down
-            # do not retry before another ``limit`` entries
-            self._snapshot_at[run] = max(self._snapshot_at.get(run, 0), head)
-            log.warning("automatic compaction of %s/%s failed: %s", self.tenant, run, exc)
-        finally:
-            self._compacting.discard(run)
-        if done:  # entries committed while it ran may call for the next one already
-            self._after_commit(run, self._head_seen.get(run, 0))
-
-    async def delete_run(self, run: str) -> bool:
-        """Delete every byte of ``run`` and of the runs nested in it (journal, snapshots,
-        keys, config); return whether it existed.
-
-        Records of those runs open in this process are closed first. On SQLite the freed
-        pages are zeroed (``secure_delete``) and the WAL is checkpointed, so the values do not
-        linger in the file.
-        """
-        self._check_open()
-        check_name("run", run)
-        for rec in [r for r in self._records if run in (r.run, r._jrun)]:
-            await rec.aclose()
-        return await self._backend.delete_run(self.tenant, run)
-
-    async def close_run(self, run: str) -> RunInfo:
-        """Close a run: its record stays readable, every further write is refused with
-        :class:`RunClosed` (open records learn it at their next journal append)."""
-        await self.run_info(run)
-        return _info(await self._backend.set_run(self.tenant, run, state="closed"))
-
-    async def archive_run(self, run: str) -> RunInfo:
-        """Close a run and compact its journal into a snapshot (the journal is kept)."""
-        await self.close_run(run)
-        await self.compact(run)
-        return _info(await self._backend.set_run(self.tenant, run, state="archived"))
-
-    async def set_retention(self, run: str, *, delete_after: float | None) -> RunInfo:
-        """Delete ``run`` (and its nested runs) once ``delete_after`` seconds from now have
-        passed, at the next :meth:`sweep`; None removes the deadline."""
-        await self.run_info(run)
-        if delete_after is not None and not (delete_after >= 0):
-            raise InvalidValue(f"delete_after must be >= 0 seconds, not {delete_after!r}")
-        deadline = None if delete_after is None else time.time() + delete_after
-        return _info(await self._backend.set_run(self.tenant, run, delete_after=deadline))
-
-    async def sweep(self, *, now: float | None = None) -> list[str]:
-        """Delete every run of this tenant whose retention deadline has passed; return
-        their names."""
-        self._check_open()
-        now = time.time() if now is None else now
-        due = [
-            r.run
-            for r in await self._backend.list_runs(self.tenant)
-            if r.delete_after is not None and r.delete_after <= now
-        ]
-        return [run for run in due if await self.delete_run(run)]
-
-    async def redact(
-        self, run: str, collection: str, key: str, *, agent: str = "crdtstore", reason: str = ""
-    ) -> CompactionResult:
-        """Remove a value from the live record, from snapshots and from the journal, and
-        record the redaction (who, when, why) in the journal.
-
-        The key is deleted through the record, then the journal is compacted into a snapshot
-        that no longer holds the value and the journal prefix that did is dropped (that part
-        of the audit trail goes with it), then a ``redact`` entry is appended. Records of the
-        run open in other processes keep what they hold in memory until they reopen.
-        """
-        info = await self.run_info(run)
-        root = info.run
-        while info.parent is not None:
-            info = await self.run_info(info.parent)
-            root = info.run
-        check_name("collection", collection)
-        check_key(key)
-        async with self.open_record(
-            root, agent, "system", durability="durable", create=False
-        ) as rec:
-            await rec.map(collection).delete(key)
-        result = await self.compact(root, drop_journal=True)
-        marker = b"\x00\x00"  # an empty update: the entry only carries its effect
-        now = time.time()
-        origin = "" if run == root else run
-        (seq,) = await self._backend.append(
-            self.tenant,
-            root,
-            [
-                NewEntry(
-                    agent,
-                    "system",
-                    0,
-                    now,
-                    marker,
-                    [["map", collection, "redact", key, reason]],
-                    checksum(marker),
-                    origin,
-                )
-            ],
-            durable=True,
-        )
-        # the run's config keeps every redaction too: a later compaction that drops the
-        # journal prefix must not drop the record that a value was removed, and by whom
-        note = {
-            "seq": seq,
-            "collection": collection,
-            "key": key,
-            "agent": agent,
-            "wall_time": now,
-            "reason": reason,
-            "run": origin or root,
-        }
-        await self._backend.update_config(
-            self.tenant,
-            root,
-            lambda config: {**config, "redactions": [*config.get("redactions", []), note]},
-        )
-        self._notifier.notify(self.tenant, root)
-        return result

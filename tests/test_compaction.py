@@ -346,7 +346,7 @@ async def test_replay_restarts_when_the_journal_is_dropped_under_it(
     """A redaction (compaction dropping the journal prefix) while a compaction reads the
     journal: the reader starts again from the new snapshot instead of saving a newer snapshot
     with a hole in it, which would also bring the redacted value back."""
-    import crdtstore._store as store_module
+    import crdtstore._store_compaction as store_module
 
     monkeypatch.setattr(store_module, "READ_CHUNK", 10)
     url = f"sqlite:///{tmp_path / 's.db'}"

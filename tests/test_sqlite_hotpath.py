@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 import crdtstore
 from crdtstore import BackendError
+from crdtstore._backends import _sqlite_inline as sqi
 from crdtstore._backends import sqlite as sq
 from crdtstore._backends.sqlite import SQLiteJournal
 from crdtstore._journal import NewEntry
@@ -90,7 +91,7 @@ async def test_read_bigger_than_inline_bytes_goes_to_a_thread_and_is_complete(
     j = await opened(tmp_path)
     try:
         await j.append("t", "r", [entry(i, size=1000) for i in range(20)], durable=False)
-        monkeypatch.setattr(sq, "INLINE_BYTES", 5000)
+        monkeypatch.setattr(sqi, "INLINE_BYTES", 5000)
         thread_reads = count_calls(monkeypatch, j, "_read")
         rows = await j.read("t", "r", 2, 100)
         assert [r.seq for r in rows] == list(range(3, 21))
@@ -197,9 +198,9 @@ async def test_loop_connection_checkpoints_in_the_background(
     try:
         assert j._l is not None
         assert j._l.db.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
-        checkpoints = count_calls(monkeypatch, sq, "_checkpoint_file")
-        monkeypatch.setattr(sq, "CHECKPOINT_EVERY", 8)
-        monkeypatch.setattr(sq, "WAL_RESTART_FRAMES", 200)
+        checkpoints = count_calls(monkeypatch, sqi, "_checkpoint_file")
+        monkeypatch.setattr(sqi, "CHECKPOINT_EVERY", 8)
+        monkeypatch.setattr(sqi, "WAL_RESTART_FRAMES", 200)
         idle = lambda: j._checkpointer is None or not j._checkpointer.is_alive()  # noqa: E731
         for i in range(200):  # writes race the checkpoints: nothing is lost
             await j.append("t", "r", [entry(i, size=2000)], durable=False)
@@ -383,17 +384,17 @@ async def test_background_checkpoint_empties_a_long_log(
     caught up): past WAL_RESTART_FRAMES the checkpoint truncates the log."""
     j = await opened(tmp_path)
     try:
-        monkeypatch.setattr(sq, "CHECKPOINT_EVERY", 10**9)  # none in the background
+        monkeypatch.setattr(sqi, "CHECKPOINT_EVERY", 10**9)  # none in the background
         for i in range(100):
             await j.append("t", "r", [entry(i, size=2000)], durable=False)
         wal = Path(f"{j.path}-wal")
         size = wal.stat().st_size
         assert size > 200 * 4096
-        monkeypatch.setattr(sq, "WAL_RESTART_FRAMES", 10**9)
-        await anyio.to_thread.run_sync(sq._checkpoint_file, j.path)
+        monkeypatch.setattr(sqi, "WAL_RESTART_FRAMES", 10**9)
+        await anyio.to_thread.run_sync(sqi._checkpoint_file, j.path)
         assert wal.stat().st_size == size  # passive: copied, not emptied
-        monkeypatch.setattr(sq, "WAL_RESTART_FRAMES", 200)
-        await anyio.to_thread.run_sync(sq._checkpoint_file, j.path)
+        monkeypatch.setattr(sqi, "WAL_RESTART_FRAMES", 200)
+        await anyio.to_thread.run_sync(sqi._checkpoint_file, j.path)
         assert wal.stat().st_size == 0
         assert len(await j.read("t", "r", 0, 1000)) == 100
     finally:
@@ -454,14 +455,14 @@ async def test_inline_and_thread_reads_agree(
             if i + 1 > after
         ][:limit]
         assert j._l is not None
-        old = sq.INLINE_BYTES
-        sq.INLINE_BYTES = inline_bytes
+        old = sqi.INLINE_BYTES
+        sqi.INLINE_BYTES = inline_bytes
         if taken:
             j._l.lock.acquire()
         try:
             rows = await j.read("t", "r", after, limit, skip_client=skip)
         finally:
-            sq.INLINE_BYTES = old
+            sqi.INLINE_BYTES = old
             if taken:
                 j._l.lock.release()
         assert [(r.seq, r.update) for r in rows] == want

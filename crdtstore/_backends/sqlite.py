@@ -21,7 +21,7 @@ Several processes on one machine share one store file. The design follows SQLite
   the loop that cannot wait, tries once and says so). The loop connection never checkpoints on
   commit (a checkpoint syncs the files: milliseconds); every :data:`CHECKPOINT_EVERY` of its
   commits starts a checkpoint in a background thread on a connection of its own (see
-  ``_checkpoint_file``);
+  ``_sqlite_inline._checkpoint_file``);
 - ``secure_delete`` so that deleting a run overwrites its bytes instead of leaving them in free
   pages, and a WAL checkpoint after deletes so they do not linger in the log either.
 
@@ -35,187 +35,38 @@ import json
 import logging
 import os
 import sqlite3
-import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
-from .._errors import BackendError, InvalidValue, RunClosed, UnknownRun, UnsupportedURL
+from .._errors import BackendError, InvalidValue, UnknownRun
 from .._guarded_append import Guard
 from .._journal import Authority, JournalBackend, NewEntry, Row, RunRow, SnapshotRow
+from ._sqlite_authority import _SQLiteAuthority as _SQLiteAuthority
 from ._sqlite_guarded import FenceCheck, guarded_tx
+from ._sqlite_inline import _LoopPath
+from ._sqlite_rows import _COLS, _append_tx, _rows
+from ._sqlite_schema import _SCHEMA, _Conn, _dumps, _is_busy, _migrate, _rollback
+from ._sqlite_schema import sqlite_path as sqlite_path
 
 log = logging.getLogger("crdtstore.sqlite")
 
 T = TypeVar("T")
 
-INLINE_ROWS = 256  # reads of at most this many rows may run on the event loop thread ...
-INLINE_BYTES = 1 << 20  # ... and of at most this many bytes of update and effect
+INLINE_ROWS = 256  # reads of at most this many rows may run on the event loop thread (and see
+# _sqlite_inline.INLINE_BYTES)
 RETRY_FIRST = 0.0002  # seconds before the first retry of a busy inline append (doubling)
 RETRY_MAX = 0.002  # longest pause between two retries
 BUSY_TIMEOUT = 30.0  # seconds a write waits for the write lock before BackendError
-CHECKPOINT_EVERY = 256  # inline commits between two background checkpoints
-WAL_RESTART_FRAMES = 4000  # a log longer than this is emptied by the background checkpoint
-
-_SQLITE_BUSY, _SQLITE_LOCKED = 5, 6
 
 
-def _is_busy(exc: sqlite3.Error) -> bool:
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code is None:  # pragma: no cover - Python < 3.11
-        return "locked" in str(exc) or "busy" in str(exc)
-    return code & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED)
-
-
-def _checkpoint_file(path: Path) -> None:
-    """Checkpoint the store file on a connection of its own (a background thread: a checkpoint
-    syncs the files, which may take milliseconds).
-
-    A passive checkpoint never waits for a lock, but while writers keep committing it may never
-    catch up with the end of the log, and the log only starts over from its beginning once a
-    checkpoint did. So when the log holds more than :data:`WAL_RESTART_FRAMES` frames, a
-    ``TRUNCATE`` checkpoint follows: it holds the write lock while it copies the rest (writers
-    wait, they never block an event loop) and empties the log.
-    """
-    try:
-        db = sqlite3.connect(path, isolation_level=None, timeout=0)
-        try:
-            _, frames, _ = db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-            if frames > WAL_RESTART_FRAMES:
-                db.execute("PRAGMA busy_timeout=1000")  # else skipped: the next one retries
-                db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-        finally:
-            db.close()
-    except sqlite3.Error as exc:  # busy or gone: the next one catches up
-        log.debug("background checkpoint of %s skipped: %s", path, exc)
-
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS runs (
-    id INTEGER PRIMARY KEY,
-    tenant TEXT NOT NULL,
-    run TEXT NOT NULL,
-    created REAL NOT NULL,
-    head INTEGER NOT NULL DEFAULT 0,
-    snapshot_seq INTEGER NOT NULL DEFAULT 0,
-    config TEXT NOT NULL DEFAULT '{}',
-    parent TEXT,
-    state TEXT NOT NULL DEFAULT 'open',
-    delete_after REAL,
-    UNIQUE (tenant, run)
-);
-CREATE TABLE IF NOT EXISTS journal (
-    id INTEGER PRIMARY KEY,
-    run_id INTEGER NOT NULL,
-    seq INTEGER NOT NULL,
-    agent TEXT NOT NULL,
-    source TEXT NOT NULL,
-    client_id INTEGER NOT NULL,
-    wall_time REAL NOT NULL,
-    upd BLOB NOT NULL,
-    effect TEXT NOT NULL,
-    crc INTEGER NOT NULL,
-    origin TEXT NOT NULL DEFAULT '',
-    call TEXT NOT NULL DEFAULT ''
-);
-CREATE UNIQUE INDEX IF NOT EXISTS journal_run_seq ON journal (run_id, seq);
-CREATE TABLE IF NOT EXISTS journal_keys (
-    run_id INTEGER NOT NULL,
-    collection TEXT NOT NULL,
-    key TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    PRIMARY KEY (run_id, collection, key, seq)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS snapshots (
-    run_id INTEGER PRIMARY KEY,
-    seq INTEGER NOT NULL,
-    upd BLOB NOT NULL,
-    state TEXT NOT NULL,
-    created REAL NOT NULL
-);
-"""
-
-# Columns added after the first release of the schema: (table, column, declaration).
-_MIGRATIONS = [
-    ("runs", "config", "TEXT NOT NULL DEFAULT '{}'"),
-    ("runs", "parent", "TEXT"),
-    ("runs", "state", "TEXT NOT NULL DEFAULT 'open'"),
-    ("runs", "delete_after", "REAL"),
-    ("journal", "origin", "TEXT NOT NULL DEFAULT ''"),
-    ("journal", "call", "TEXT NOT NULL DEFAULT ''"),  # the tool-call id (Record.attributed)
-]
-
-
-def _migrate(db: sqlite3.Connection) -> None:
-    for table, column, decl in _MIGRATIONS:
-        have = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
-        if column not in have:
-            db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
-
-
-_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
-_scan: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
-
-
-def _effect(text: str) -> Any:
-    """A stored effect, parsed. The decoder's scanner, called directly, parses a small effect
-    in about a third of the time ``json.loads`` takes (its calls through ``decode`` and
-    ``raw_decode`` cost more than the parse); anything it does not take whole (bad JSON,
-    trailing text) goes through ``json.loads``, which parses it or raises as before."""
-    try:
-        value, end = _scan(text, 0)
-    except (StopIteration, ValueError):
-        return json.loads(text)
-    return value if end == len(text) else json.loads(text)
-
-
-def sqlite_path(url: str) -> Path:
-    """The file path of a ``sqlite:///...`` URL (``sqlite:///rel.db`` or ``sqlite:////abs.db``).
-
-    Raises:
-        UnsupportedURL: not a sqlite URL, or no path.
-    """
-    prefix = "sqlite:///"
-    if not url.startswith(prefix) or len(url) == len(prefix):
-        raise UnsupportedURL(url, "expected sqlite:///relative/path.db or sqlite:////abs/path.db")
-    path = url[len(prefix) :].split("?", 1)[0]
-    if "\x00" in path:
-        raise UnsupportedURL(url, "NUL in path")
-    return Path(path)
-
-
-class _Conn:
-    """One sqlite3 connection, used by one thread at a time.
-
-    ``loop=True`` makes the loop connection: busy timeout 0 (its callers retry without
-    blocking the event loop) and no checkpoint on commit.
-    """
-
-    def __init__(self, path: Path, *, loop: bool = False) -> None:
-        self.lock = threading.Lock()
-        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30.0)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")
-        self.db.execute("PRAGMA secure_delete=ON")
-        self.db.execute("PRAGMA foreign_keys=ON")
-        if loop:
-            self.db.execute("PRAGMA wal_autocheckpoint=0")
-            self.db.execute("PRAGMA busy_timeout=0")
-        self.synchronous = "NORMAL"
-
-    def close(self) -> None:
-        with self.lock:
-            self.db.close()
-
-
-class SQLiteJournal(JournalBackend):
+class SQLiteJournal(_LoopPath, JournalBackend):
     """A journal in one SQLite file, shared by the processes of one machine."""
 
     name = "sqlite"
@@ -545,155 +396,6 @@ class SQLiteJournal(JournalBackend):
         tx = guarded_tx(tenant, run, rid, entries, guard, append, self.fence_check)
         return await self._write(tx, durable=durable)
 
-    def append_now(self, tenant: str, run: str, entries: Sequence[NewEntry]) -> list[int] | None:
-        """A ``batched`` :meth:`append` (``synchronous=NORMAL``: survives the death of any
-        process) done now on the calling (event loop) thread in one transaction, without
-        waiting: None, with nothing written, when it cannot be done at once (the write lock
-        or the loop connection is taken, or the run's id is not known yet); then use
-        :meth:`append`. For callers that journal on the loop without a task hop (the hub).
-
-        Raises:
-            BackendError: the store is not open, used after ``fork``, or the write failed
-                (rolled back: nothing written).
-            RunClosed, UnknownRun: the run is not open (nothing written).
-        """
-        if not entries:
-            return []
-        rid = self._run_ids.get((tenant, run))
-        if rid is None:
-            return None
-        return self._append_inline(tenant, run, rid, entries, [_dumps(e.effect) for e in entries])
-
-    def _append_inline(
-        self, tenant: str, run: str, rid: int, entries: Sequence[NewEntry], effects: list[str]
-    ) -> list[int] | None:
-        """Append in one transaction on the loop connection now, or return None at once when
-        the write lock (or the connection) is taken."""
-        conn = self._loop_conn()
-        if not conn.lock.acquire(blocking=False):
-            return None
-        db = conn.db
-        try:
-            try:
-                db.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:
-                if _is_busy(exc):
-                    return None
-                raise BackendError("sqlite", f"{type(exc).__name__}: {exc}") from exc
-            try:
-                seqs = _append_tx(db, tenant, run, rid, entries, effects)
-                db.execute("COMMIT")
-            except BaseException as exc:
-                if db.in_transaction:
-                    db.execute("ROLLBACK")
-                if isinstance(exc, sqlite3.Error):
-                    raise BackendError("sqlite", f"{type(exc).__name__}: {exc}") from exc
-                raise
-        finally:
-            conn.lock.release()
-        self._inline_commits += 1
-        if self._inline_commits >= CHECKPOINT_EVERY and (
-            self._checkpointer is None or not self._checkpointer.is_alive()
-        ):
-            self._inline_commits = 0
-            self._checkpointer = threading.Thread(
-                target=_checkpoint_file, args=(self.path,), name="crdtstore-checkpoint"
-            )
-            self._checkpointer.start()
-        return seqs
-
-    def _loop_conn(self) -> _Conn:
-        if self._l is None:
-            raise BackendError("sqlite", "store is not open")
-        if os.getpid() != self._pid:
-            raise BackendError("sqlite", "store object used after fork; open the store again")
-        return self._l
-
-    def _on_loop_now(self, fn: Callable[[sqlite3.Connection], T]) -> T | None:
-        """``fn(db)`` on the loop connection if it is free at once; None when it is taken,
-        busy or closed (or the call fails): for the store's poll, which never waits."""
-        conn = self._l
-        if conn is None or os.getpid() != self._pid or not conn.lock.acquire(blocking=False):
-            return None
-        try:
-            return fn(conn.db)
-        except sqlite3.Error:
-            return None
-        finally:
-            conn.lock.release()
-
-    def changes(self) -> int | None:
-        """SQLite's ``PRAGMA data_version`` of the loop connection: it moves when another
-        connection (of this process or another) commits, not for the loop connection's own
-        commits, which wake their readers themselves. About 3 us and two ``fcntl`` calls, no
-        read of the journal. None when the loop connection is not free at once."""
-        return self._on_loop_now(lambda db: int(db.execute("PRAGMA data_version").fetchone()[0]))
-
-    def heads(self, tenant: str, runs: Sequence[str]) -> dict[str, int] | None:
-        """``runs.head`` of the given runs, on the loop connection (the ``(tenant, run)``
-        index; 500 runs a query). None when the loop connection is not free at once."""
-
-        def query(db: sqlite3.Connection) -> dict[str, int]:
-            out: dict[str, int] = {}
-            for i in range(0, len(runs), 500):
-                chunk = list(runs[i : i + 500])
-                marks = ", ".join("?" * len(chunk))
-                sql = f"SELECT run, head FROM runs WHERE tenant = ? AND run IN ({marks})"
-                for run, head in db.execute(sql, (tenant, *chunk)):
-                    out[run] = int(head)
-            return out
-
-        return self._on_loop_now(query)
-
-    def _read_inline(self, sql: str, params: tuple[Any, ...]) -> list[Any] | None:
-        """Rows of a small read on the loop connection, or None when it is taken, busy, or
-        the rows turn out bigger than :data:`INLINE_BYTES` (then read in a worker thread)."""
-        conn = self._loop_conn()
-        if not conn.lock.acquire(blocking=False):
-            return None
-        try:
-            out: list[Any] = []
-            size = 0
-            cur = conn.db.execute(sql, params)
-            try:
-                for row in cur:
-                    out.append(row)
-                    size += len(row[5]) + len(row[6])
-                    if size > INLINE_BYTES:
-                        return None
-            finally:
-                cur.close()
-            return out
-        except sqlite3.Error as exc:
-            if _is_busy(exc):
-                return None
-            raise BackendError("sqlite", f"{type(exc).__name__}: {exc}") from exc
-        finally:
-            conn.lock.release()
-
-    @staticmethod
-    def _rows(raw: list[Any]) -> list[Row]:
-        # agent, source and run names repeat on every row: share one string each (the
-        # provenance index keeps them for every key; it does not keep call ids)
-        intern, parse = sys.intern, _effect
-        return [
-            Row(
-                r[0],
-                intern(r[1]),
-                intern(r[2]),
-                r[3],
-                r[4],
-                r[5],
-                parse(r[6]),
-                r[7],
-                intern(r[8]),
-                r[9],
-            )
-            for r in raw
-        ]
-
-    _COLS = "seq, agent, source, client_id, wall_time, upd, effect, crc, origin, call"
-
     async def read(
         self, tenant: str, run: str, after: int, limit: int = 10_000, *, skip_client: int = -1
     ) -> list[Row]:
@@ -712,7 +414,7 @@ class SQLiteJournal(JournalBackend):
             raw = self._read_inline(sql, params)
         if raw is None:
             raw = await self._read(lambda db: db.execute(sql, params).fetchall())
-        return self._rows(raw)
+        return _rows(raw)
 
     async def head(self, tenant: str, run: str) -> int:
         rid = await self._run_id(tenant, run)
@@ -762,13 +464,13 @@ class SQLiteJournal(JournalBackend):
         rid = await self._run_id(tenant, run)
         raw = await self._read(
             lambda db: db.execute(
-                f"SELECT {self._COLS} FROM journal WHERE run_id = ? AND seq IN"
+                f"SELECT {_COLS} FROM journal WHERE run_id = ? AND seq IN"
                 " (SELECT seq FROM journal_keys WHERE run_id = ? AND collection = ? AND key = ?)"
                 " ORDER BY seq",
                 (rid, rid, collection, key),
             ).fetchall()
         )
-        return self._rows(raw)
+        return _rows(raw)
 
     async def delete_run(self, tenant: str, run: str) -> bool:
         row = await self.get_run(tenant, run)
@@ -815,97 +517,3 @@ class SQLiteJournal(JournalBackend):
         """``PRAGMA integrity_check`` of the store file ("ok" when healthy)."""
         row = await self._read(lambda db: db.execute("PRAGMA integrity_check").fetchone())
         return str(row[0])
-
-
-def _rollback(db: sqlite3.Connection) -> None:
-    if db.in_transaction:
-        db.execute("ROLLBACK")
-
-
-def _append_tx(
-    db: sqlite3.Connection,
-    tenant: str,
-    run: str,
-    rid: int,
-    entries: Sequence[NewEntry],
-    effects: list[str],
-) -> list[int]:
-    n = len(entries)
-    row = db.execute(
-        "UPDATE runs SET head = head + ? WHERE id = ? AND state = 'open' RETURNING head", (n, rid)
-    ).fetchone()
-    if row is None:
-        state = db.execute("SELECT state FROM runs WHERE id = ?", (rid,)).fetchone()
-        if state is None:
-            raise UnknownRun(tenant, run)
-        raise RunClosed(tenant, run, state[0])
-    first = row[0] - n + 1
-    db.executemany(
-        "INSERT INTO journal (run_id, seq, agent, source, client_id, wall_time, upd,"
-        " effect, crc, origin, call) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        [
-            (
-                rid,
-                first + i,
-                e.agent,
-                e.source,
-                e.client_id,
-                e.wall_time,
-                e.update,
-                effects[i],
-                e.checksum,
-                e.origin,
-                e.call,
-            )
-            for i, e in enumerate(entries)
-        ],
-    )
-    keys = [
-        (rid, op[1], op[3], first + i)
-        for i, e in enumerate(entries)
-        for op in e.effect
-        if op[0] == "map"
-    ]
-    if keys:
-        db.executemany(
-            "INSERT OR IGNORE INTO journal_keys (run_id, collection, key, seq) VALUES (?, ?, ?, ?)",
-            keys,
-        )
-    return list(range(first, first + n))
-
-
-class _SQLiteAuthority(Authority):
-    def __init__(
-        self, journal: SQLiteJournal, conn: _Conn, tenant: str, run: str, rid: int
-    ) -> None:
-        self._j = journal
-        self._conn = conn
-        self._tenant = tenant
-        self._run = run
-        self._rid = rid
-
-    async def read(self, after: int) -> list[Row]:
-        rid = self._rid
-        raw = await self._j._call(
-            self._conn,
-            lambda db: db.execute(
-                f"SELECT {SQLiteJournal._COLS} FROM journal WHERE run_id = ? AND seq > ?"
-                " ORDER BY seq",
-                (rid, after),
-            ).fetchall(),
-            in_authority=True,
-        )
-        return SQLiteJournal._rows(raw)
-
-    async def append(self, entries: Sequence[NewEntry]) -> list[int]:
-        if not entries:
-            return []
-        effects = [_dumps(e.effect) for e in entries]
-        return await self._j._call(
-            self._conn,
-            lambda db: _append_tx(db, self._tenant, self._run, self._rid, entries, effects),
-            in_authority=True,
-        )
-
-    async def run_sync(self, fn: Callable[[Any], T]) -> T:
-        return await self._j._call(self._conn, fn, in_authority=True)

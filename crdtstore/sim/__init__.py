@@ -28,17 +28,27 @@ See ``crdtstore/sim/_sim.py`` for why the simulator drives real records and how 
 ordered.
 """
 
+from ._agent import agent_state as agent_state
+from ._agent import decode_state_vector as decode_state_vector
 from ._check import Violation as Violation
 from ._check import WriteRec as WriteRec
 from ._check import check_state as check_state
+from ._config import SimConfig as SimConfig
+from ._config import SimResult as SimResult
+from ._conflicts import Contest as Contest
+from ._conflicts import CountPoint as CountPoint
+from ._conflicts import conflict_counts as conflict_counts
+from ._conflicts import contests as contests
+from ._conflicts import convergence_time as convergence_time
+from ._conflicts import plot_counts as plot_counts
+from ._diffs import DiffEntry as DiffEntry
+from ._diffs import RecordDiff as RecordDiff
+from ._diffs import diff as diff
+from ._diffs import journal_diff as journal_diff
 from ._network import LinkSpec as LinkSpec
 from ._network import Message as Message
 from ._network import NetworkConfig as NetworkConfig
-from ._sim import SimConfig as SimConfig
-from ._sim import SimResult as SimResult
 from ._sim import Simulation as Simulation
-from ._sim import agent_state as agent_state
-from ._sim import decode_state_vector as decode_state_vector
 from ._sim import simulate as simulate
 from ._steps import Append as Append
 from ._steps import Delete as Delete
@@ -52,28 +62,18 @@ from ._steps import Wait as Wait
 from ._steps import random_script as random_script
 from ._steps import step_from_json as step_from_json
 from ._steps import text_boundaries as text_boundaries
+from ._timeline import Delivery as Delivery
+from ._timeline import Timeline as Timeline
+from ._timeline import WriteMark as WriteMark
+from ._timeline import timeline as timeline
+from ._timeline import timeline_data as timeline_data
 from ._trace import Trace as Trace
 from ._trace import canon as canon
 from ._views import Cell as Cell
-from ._views import Contest as Contest
-from ._views import CountPoint as CountPoint
-from ._views import Delivery as Delivery
-from ._views import DiffEntry as DiffEntry
-from ._views import RecordDiff as RecordDiff
 from ._views import RecordTable as RecordTable
-from ._views import Timeline as Timeline
-from ._views import WriteMark as WriteMark
 from ._views import cells as cells
-from ._views import conflict_counts as conflict_counts
-from ._views import contests as contests
-from ._views import convergence_time as convergence_time
-from ._views import diff as diff
-from ._views import journal_diff as journal_diff
-from ._views import plot_counts as plot_counts
 from ._views import record_table as record_table
 from ._views import record_tree as record_tree
-from ._views import timeline as timeline
-from ._views import timeline_data as timeline_data
 
 __all__ = [
     "Append",

@@ -18,7 +18,7 @@ Determinism. Every random choice (the script, the network, the client ids) comes
 ``random.Random`` seeded from ``SimConfig.seed``; time is simulated ticks, never the wall
 clock. pycrdt gives every Doc a random client id and concurrent map writes are won by the
 higher id, so the simulator gives each agent's document a client id drawn from the seed
-(:func:`_seed_client_id`; crdtstore has no public way to choose it yet). The trace leaves out
+(``_agent._seed_client_id``; crdtstore has no public way to choose it yet). The trace leaves out
 what still depends on the wall clock (write times in provenance and keep_all siblings).
 
 Causal delivery. pycrdt 0.14 can drop content when one client's updates arrive out of causal
@@ -35,21 +35,18 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 
-from .. import codec
 from .._errors import CrdtStoreError
 from .._semantics import CollectionSpec
-from .._store import Store, open_store
-from ..record._document import REGISTRY
-from ..record._maps import KeepAllMap
-from ..record._record import Record
+from .._store import open_store
 from ..record._replay import tree_merge
+from ._agent import _Agent, _seed_client_id, agent_state, decode_state_vector
 from ._check import SEP, Violation, WriteRec, check_state, lww_frontier
-from ._network import Event, Message, Network, NetworkConfig
+from ._config import SimConfig, SimResult
+from ._network import Event, Message, Network
 from ._steps import (
     Append,
     Delete,
@@ -64,174 +61,6 @@ from ._steps import (
     text_boundaries,
 )
 from ._trace import Trace, canon
-
-
-@dataclass(frozen=True)
-class SimConfig:
-    """What to simulate.
-
-    Args:
-        agents: how many agents (each with its own record).
-        seed: the seed of every random choice (script, network, client ids).
-        network: links, partitions' retransmission (see :class:`NetworkConfig`).
-        ops: the length (writes) of the random script used when no script is given.
-        max_wait, partition_rate: shape of the random script (see :func:`random_script`).
-        keep_all: map collections declared ``CollectionSpec(conflict="keep_all")``.
-        causal: hold back messages until their causal predecessors are integrated
-            (default); False applies them on arrival.
-        final_exchange: end with a state-vector exchange between every pair of agents.
-        check_every_step: check the invariants at the affected replica after every write
-            and delivery (``causal`` only); the final check always runs.
-        max_ticks: give up draining the network after this tick (a violation).
-        drop_delivery: TEST ONLY: the message with this id is dropped permanently (never
-            retransmitted) and the final exchange is skipped: a broken merge that the
-            invariant check must catch.
-        run: the run name the agents share.
-    """
-
-    agents: int = 3
-    seed: int = 0
-    network: NetworkConfig = field(default_factory=NetworkConfig)
-    ops: int = 20
-    max_wait: int = 3
-    partition_rate: float = 0.1
-    keep_all: tuple[str, ...] = ("k",)
-    causal: bool = True
-    final_exchange: bool = True
-    check_every_step: bool = True
-    max_ticks: int = 100_000
-    drop_delivery: int | None = None
-    run: str = "sim"
-
-    def __post_init__(self) -> None:
-        if self.agents < 1:
-            raise ValueError("agents must be >= 1")
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "agents": self.agents,
-            "seed": self.seed,
-            "network": self.network.to_json(),
-            "ops": self.ops,
-            "max_wait": self.max_wait,
-            "partition_rate": self.partition_rate,
-            "keep_all": list(self.keep_all),
-            "causal": self.causal,
-            "final_exchange": self.final_exchange,
-            "check_every_step": self.check_every_step,
-            "max_ticks": self.max_ticks,
-            "drop_delivery": self.drop_delivery,
-            "run": self.run,
-        }
-
-
-@dataclass
-class SimResult:
-    """What a run produced: the trace, the violations (empty when every invariant held), the
-    final canonical state of every agent, whether they converged, the acknowledged writes."""
-
-    config: SimConfig
-    script: list[Step]
-    trace: Trace
-    violations: list[Violation]
-    states: dict[str, Any]
-    converged: bool
-    ticks: int
-    writes: list[WriteRec]
-
-    @property
-    def ok(self) -> bool:
-        return not self.violations
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "config": self.config.to_json(),
-            "script": [s.to_json() for s in self.script],
-            "trace": self.trace.events,
-            "violations": [v.to_json() for v in self.violations],
-            "states": self.states,
-            "converged": self.converged,
-            "ticks": self.ticks,
-            "writes": [w.to_json() for w in self.writes],
-        }
-
-
-def _seed_client_id(rec: Record, client_id: int) -> None:
-    """Give a record's (not yet started) document the client id ``client_id``.
-
-    pycrdt draws a random client id per Doc and concurrent map writes are won by the higher
-    one, so without this the same seed would not give the same outcome. Replaces the fresh,
-    empty Doc the record's replica made with an equally fresh one of the chosen id.
-    """
-    from pycrdt import Doc, Map
-
-    replica = rec.replica
-    replica.doc = Doc(client_id=client_id)
-    replica.client_id = client_id
-    replica.registry = replica.doc.get(REGISTRY, type=Map)
-    replica._capture = replica.capture_transactions()
-
-
-def decode_state_vector(sv: bytes) -> dict[int, int]:
-    """A v1 state vector (``doc.get_state()``) as ``{client id: clock}``
-    (:func:`crdtstore.codec.decode_state_vector`)."""
-    return codec.decode_state_vector(sv)
-
-
-def agent_state(rec: Record, keep_all: Sequence[str] = ()) -> dict[str, Any]:
-    """The canonical JSON view of a record the simulator traces and checks: maps as dicts,
-    ``keep_all`` maps as ``{key: [{"token", "agent", "value"}, ...]}`` (sorted by token),
-    lists as lists, texts as strings."""
-    out: dict[str, Any] = {}
-    for name, kind in rec.collections().items():
-        if kind == "map":
-            coll = rec.map(name)
-            if isinstance(coll, KeepAllMap):
-                out[name] = {
-                    key: [
-                        {"token": s.token, "agent": s.agent, "value": s.value}
-                        for s in sorted(coll.siblings(key), key=lambda s: s.token)
-                    ]
-                    for key in sorted(coll.keys())
-                }
-            else:
-                out[name] = dict(sorted(coll.to_dict().items()))
-        elif kind == "list":
-            out[name] = rec.list(name).to_list()
-        else:
-            out[name] = rec.text(name).read()
-    return out
-
-
-class _Agent:
-    def __init__(self, index: int, store: Store, rec: Record, agents: int) -> None:
-        self.index = index
-        self.name = rec.agent
-        self.store = store
-        self.rec = rec
-        self.journal_seq = 0  # journal entries of this agent's store read so far
-        self.written = 0  # acknowledged writes made
-        self.known: set[int] = set()  # writes integrated (causally closed)
-        self.clock = [0] * agents  # per author: how many of its writes are in ``known``
-        self.arrived: set[int] = set()  # causal=False: writes whose message was applied
-        self.held: dict[int, Message] = {}  # causal=True: messages waiting for predecessors
-
-    async def new_entries(self, run: str) -> list[Any]:
-        entries = await self.store.journal(run, after=self.journal_seq, limit=1 << 30)
-        if entries:
-            self.journal_seq = entries[-1].seq
-        return entries
-
-    def deliverable(self, msg: Message) -> bool:
-        return self.clock[msg.src] == msg.index - 1 and all(
-            have >= need
-            for a, (have, need) in enumerate(zip(self.clock, msg.deps, strict=True))
-            if a != msg.src
-        )
-
-    def integrate(self, w: WriteRec) -> None:
-        self.known.add(w.id)
-        self.clock[w.agent] = max(self.clock[w.agent], w.index)
 
 
 class Simulation:

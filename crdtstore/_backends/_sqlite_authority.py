@@ -1,0 +1,55 @@
+"""The SQLite journal's :class:`~crdtstore._journal.Authority`: reads and appends inside the
+one write transaction that ``SQLiteJournal.authority`` holds open on the write connection (a
+guarded write reads the journal and appends without anyone else writing in between).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from .._journal import Authority, NewEntry, Row
+from ._sqlite_rows import _COLS, _append_tx, _rows
+from ._sqlite_schema import _Conn, _dumps
+
+if TYPE_CHECKING:
+    from .sqlite import SQLiteJournal
+
+
+T = TypeVar("T")
+
+
+class _SQLiteAuthority(Authority):
+    def __init__(
+        self, journal: SQLiteJournal, conn: _Conn, tenant: str, run: str, rid: int
+    ) -> None:
+        self._j = journal
+        self._conn = conn
+        self._tenant = tenant
+        self._run = run
+        self._rid = rid
+
+    async def read(self, after: int) -> list[Row]:
+        rid = self._rid
+        raw = await self._j._call(
+            self._conn,
+            lambda db: db.execute(
+                f"SELECT {_COLS} FROM journal WHERE run_id = ? AND seq > ? ORDER BY seq",
+                (rid, after),
+            ).fetchall(),
+            in_authority=True,
+        )
+        return _rows(raw)
+
+    async def append(self, entries: Sequence[NewEntry]) -> list[int]:
+        if not entries:
+            return []
+        effects = [_dumps(e.effect) for e in entries]
+        return await self._j._call(
+            self._conn,
+            lambda db: _append_tx(db, self._tenant, self._run, self._rid, entries, effects),
+            in_authority=True,
+        )
+
+    async def run_sync(self, fn: Callable[[Any], T]) -> T:
+        return await self._j._call(self._conn, fn, in_authority=True)
