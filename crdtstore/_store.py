@@ -37,9 +37,8 @@ from .record._record import Record
 DEFAULT_AUTO_COMPACT: int | None = None
 """Journal entries after a run's snapshot that make a record compact the run in the
 background (see :func:`open_store`); None: off unless asked for. A compaction runs in the
-writing process: at 10,000 it added about 45% to a long stream of small writes, and the
-resident memory of a writer that compacted stays higher (100k entries: 3.1x a raw doc
-instead of 1.8x; bench/README.md), so it is opt-in."""
+writing process: it slows a long stream of small writes and the resident memory of a writer
+that compacted stays higher (figures in bench/README.md, ``memory.py``), so it is opt-in."""
 
 
 _BUILTIN: dict[str, Callable[[str], JournalBackend]] = {

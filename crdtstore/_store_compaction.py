@@ -32,9 +32,9 @@ _FEED = 1000  # journal entries a replay applies between two yields to other tas
 _SNAPSHOT_BYTES_PER_ENTRY = 1000
 """Automatic compaction waits for one journal entry per this many bytes of the run's last
 snapshot when that is more than ``auto_compact``: a compaction costs about as much as
-applying the snapshot (~0.1 us per byte measured, bench/README.md), reading a journal entry
-at open 50-120 us, so the journal tail then costs about as much at open as the snapshot,
-and compacting does not grow with the square of the run."""
+applying the snapshot, so the journal tail then costs about as much at open as the snapshot
+(the per-byte and per-entry costs are in bench/README.md, ``resume.py``), and compacting
+does not grow with the square of the run."""
 
 
 class CompactionResult(BaseModel):
