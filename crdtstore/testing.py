@@ -8,6 +8,12 @@ empty backend each time it is called::
         await check_journal_backend(lambda: MyJournal(f"my://{tmp_path}/x"))
 
 Failures raise ``AssertionError`` with a message naming the broken rule.
+
+A backend that *attributes* writes itself (``ws://``: the hub applies each update to its
+record, derives its effect and journals it as the token's agent; one tenant per store; no
+authority transactions, compaction or run deletion from a client) runs
+:func:`check_attributing_journal_backend` instead: the same rules where they apply, with
+real Yjs updates, and ``UnsupportedOperation`` where a rule's operation is the server's.
 """
 
 from __future__ import annotations
@@ -18,12 +24,14 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
+from pycrdt import Doc, Map
 
-from ._errors import UnknownRun
+from ._errors import UnknownRun, UnsupportedOperation
 from ._journal import MAX_CALL, JournalBackend, NewEntry, SnapshotRow, checksum
 from ._leases._conformance import check_lease_backend
+from .record._document import REGISTRY
 
-__all__ = ["check_journal_backend", "check_lease_backend"]
+__all__ = ["check_attributing_journal_backend", "check_journal_backend", "check_lease_backend"]
 
 
 def _entry(i: int, effect: list[list[Any]] | None = None, call: str = "") -> NewEntry:
@@ -252,4 +260,183 @@ _CHECKS = [
     _config_is_per_run_and_atomic,
     _authority_serialises_and_rolls_back,
     _call_ids_round_trip,
+]
+
+
+# -- backends that attribute writes themselves (ws://) -------------------------------------
+
+
+async def check_attributing_journal_backend(
+    make: Callable[[], JournalBackend], tenant: str
+) -> None:
+    """Run the rules that apply to a backend that derives each entry's effect and writer
+    itself (see the module docstring) against fresh backends from ``make``, serving
+    ``tenant``; each rule uses runs of its own (the backend may share one server).
+
+    Raises:
+        AssertionError: a rule is broken.
+    """
+    for i, check in enumerate(_ATTRIBUTING_CHECKS):
+        backend = make()
+        await backend.open()
+        try:
+            await check(backend, tenant, f"conf{i}")
+        except AssertionError as exc:
+            raise AssertionError(f"{check.__name__}: {exc}") from exc
+        finally:
+            await backend.aclose()
+            await backend.aclose()  # aclose is idempotent
+
+
+class _Writer:
+    """A plain Yjs document writing map entries: each :meth:`set` is one real update."""
+
+    def __init__(self, client_id: int) -> None:
+        self.doc: Doc[Any] = Doc(client_id=client_id)
+        self.map: Map[Any] = self.doc.get("m", type=Map)
+        self.client_id = client_id
+        # declared in the collection registry, as a record's first write of it does
+        self.doc.get(REGISTRY, type=Map)["m"] = "map"
+        self._sent = b"\x00"  # the state vector of what was sent: nothing yet
+
+    def set(self, key: str, value: str, call: str = "") -> NewEntry:
+        self.map[key] = value
+        update = self.doc.get_update(self._sent)
+        self._sent = self.doc.get_state()
+        return NewEntry(
+            "ignored", "tool", self.client_id, time.time(), update, [], checksum(update), call=call
+        )
+
+
+async def _a_runs_are_created_on_request(b: JournalBackend, t: str, r: str) -> None:
+    try:
+        await b.ensure_run(t, r, create=False)
+    except UnknownRun:
+        pass
+    else:
+        raise AssertionError("ensure_run(create=False) of a missing run must raise UnknownRun")
+    assert await b.get_run(t, r) is None, "a refused run must not be created"
+    try:
+        await b.read(t, r, 0)
+    except UnknownRun:
+        pass
+    else:
+        raise AssertionError("reading a missing run must raise UnknownRun")
+    assert await b.get_run(t, r) is None, "a read must not create the run"
+    info = await b.ensure_run(t, r, create=True)
+    assert (info.tenant, info.run, info.head, info.snapshot_seq) == (t, r, 0, 0)
+    again = await b.ensure_run(t, r, create=True)
+    assert again.created == info.created, "ensure_run must not recreate an existing run"
+    assert r in [x.run for x in await b.list_runs(t)]
+
+
+async def _a_append_assigns_dense_positions(b: JournalBackend, t: str, r: str) -> None:
+    await b.ensure_run(t, r, create=True)
+    w = _Writer(4242)
+    assert await b.append(t, r, [], durable=False) == []
+    first, second = w.set("a", "1"), w.set("b", "2")
+    assert await b.append(t, r, [first, second], durable=False) == [1, 2]
+    assert await b.append(t, r, [w.set("c", "3")], durable=True) == [3]
+    assert await b.head(t, r) == 3
+    rows = await b.read(t, r, 0)
+    assert [x.seq for x in rows] == [1, 2, 3]
+    assert (rows[0].client_id, rows[0].update) == (4242, first.update)
+    assert rows[0].checksum == checksum(first.update)
+    identity = await b.identity(t, r)
+    assert identity is not None, "an attributing backend names its writer (identity)"
+    assert (rows[0].agent, rows[0].source) == identity, "entries carry the backend's writer"
+    assert [x.seq for x in await b.read(t, r, 1)] == [2, 3]
+    assert [x.seq for x in await b.read(t, r, 1, limit=1)] == [2]
+    assert await b.read(t, r, 3) == []
+    try:
+        await b.append(t, f"{r}-missing", [w.set("d", "4")], durable=False)
+    except UnknownRun:
+        pass
+    else:
+        raise AssertionError("append to an unknown run must raise UnknownRun")
+
+
+async def _a_effects_are_derived_and_history_follows(b: JournalBackend, t: str, r: str) -> None:
+    await b.ensure_run(t, r, create=True)
+    await b.ensure_run(t, f"{r}-other", create=True)
+    w = _Writer(77)
+    entries = [w.set("k", "v1"), w.set("other", "x"), w.set("k", "v2")]
+    entries[0] = entries[0]._replace(effect=[["map", "m", "set", "k", "a lie"]])
+    await b.append(t, r, entries, durable=False)
+    rows = await b.read(t, r, 0)
+    assert [x.effect for x in rows] == [
+        [["map", "m", "set", "k", "v1"]],
+        [["map", "m", "set", "other", "x"]],
+        [["map", "m", "set", "k", "v2"]],
+    ], "the effect is derived from the update, not taken from the writer"
+    assert [x.seq for x in await b.history(t, r, "m", "k")] == [1, 3]
+    assert await b.history(t, r, "m", "nothing") == []
+    assert await b.read(t, f"{r}-other", 0) == [], "runs are isolated"
+    assert await b.history(t, f"{r}-other", "m", "k") == []
+
+
+async def _a_config_is_per_run_and_atomic(b: JournalBackend, t: str, r: str) -> None:
+    await _config_is_per_run_and_atomic(_Renamed(b, t, r))  # type: ignore[arg-type]
+
+
+async def _a_call_ids_round_trip(b: JournalBackend, t: str, r: str) -> None:
+    await b.ensure_run(t, r, create=True)
+    w = _Writer(5)
+    calls = ["", "call_1", "toolu_01Ä✓", "c" * MAX_CALL]
+    await b.append(t, r, [w.set("k", str(i), c) for i, c in enumerate(calls)], durable=False)
+    assert [x.call for x in await b.read(t, r, 0)] == calls, "read returns each call id"
+    assert [x.call for x in await b.history(t, r, "m", "k")] == calls, "history too"
+
+
+async def _a_server_operations_are_refused(b: JournalBackend, t: str, r: str) -> None:
+    """What only the server does is refused with UnsupportedOperation, changing nothing."""
+    await b.ensure_run(t, r, create=True)
+    w = _Writer(9)
+    await b.append(t, r, [w.set("k", "v")], durable=False)
+    snapshot = SnapshotRow(1, b"", {}, 0.0)
+    attempts: list[tuple[str, Callable[[], Any]]] = [
+        ("authority", lambda: b.authority(t, r, durable=True)),
+        ("save_snapshot", lambda: b.save_snapshot(t, r, snapshot, drop_journal=True)),
+        ("delete_run", lambda: b.delete_run(t, r)),
+    ]
+    for name, attempt in attempts:
+        try:
+            got = attempt()
+            if hasattr(got, "__await__"):
+                await got
+        except UnsupportedOperation:
+            continue
+        raise AssertionError(f"{name} must raise UnsupportedOperation on this backend")
+    assert [x.seq for x in await b.read(t, r, 0)] == [1], "a refused operation changes nothing"
+
+
+class _Renamed:
+    """A view of a backend in which the rule's tenant ``t`` and runs ``r``/``other`` are the
+    attributing backend's tenant and runs of this rule (for rules shared with the suite)."""
+
+    def __init__(self, b: JournalBackend, tenant: str, run: str) -> None:
+        self._b, self._tenant, self._run = b, tenant, run
+
+    def _names(self, tenant: str, run: str) -> tuple[str, str]:
+        return self._tenant, f"{self._run}-{run}"
+
+    async def ensure_run(self, tenant: str, run: str, *, create: bool) -> Any:
+        return await self._b.ensure_run(*self._names(tenant, run), create=create)
+
+    async def get_config(self, tenant: str, run: str) -> dict[str, Any]:
+        return await self._b.get_config(*self._names(tenant, run))
+
+    async def update_config(
+        self, tenant: str, run: str, update: Callable[[dict[str, Any]], dict[str, Any]]
+    ) -> dict[str, Any]:
+        return await self._b.update_config(*self._names(tenant, run), update)
+
+
+_ATTRIBUTING_CHECKS = [
+    _a_runs_are_created_on_request,
+    _a_append_assigns_dense_positions,
+    _a_effects_are_derived_and_history_follows,
+    _a_config_is_per_run_and_atomic,
+    _a_call_ids_round_trip,
+    _a_server_operations_are_refused,
 ]

@@ -264,17 +264,18 @@ class WsJournal(JournalBackend):
 
     async def _link(self, tenant: str, run: str, create: bool | None = None) -> _Link:
         """The connection of ``run`` (made on first use). ``create``: whether connecting may
-        create the run (None: as the existing connection, else yes); a connection refused
-        for a missing run is made again when a later call may create it."""
+        create the run (only ``ensure_run(create=True)`` asks; a read of a missing run must
+        not create it); a connection refused for a missing run is made again by the next
+        call (the run may exist by then)."""
         if self._state != "open":
             raise StoreClosed("ws journal")
         if tenant != self.tenant:
             raise InvalidValue(f"this ws:// store serves tenant {self.tenant!r}, not {tenant!r}")
         link = self._links.get(run)
-        if link is not None and create and isinstance(link.final, UnknownRun):
+        if link is not None and isinstance(link.final, UnknownRun):
             link = None  # (ended: its serve task returned with the refusal)
         if link is None:
-            link = self._links[run] = _Link(self, run, create=create is not False)
+            link = self._links[run] = _Link(self, run, create=create is True)
             assert self._tg is not None
             self._tg.start_soon(link.serve)
         return link

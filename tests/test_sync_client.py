@@ -723,3 +723,14 @@ def test_ws_and_embedded_writers_converge_with_equal_versions(tmp_path: Path, ba
         check()
     finally:
         hub._stop()
+
+
+async def test_the_ws_journal_passes_the_attributing_conformance_suite(tmp_path: Path) -> None:
+    """``WsJournal`` against ``crdtstore.testing.check_attributing_journal_backend``: the
+    journal rules of every backend, for one that derives effects and writers itself."""
+    from crdtstore.testing import check_attributing_journal_backend
+
+    async with running_hub(tmp_path) as hub:
+        await check_attributing_journal_backend(
+            lambda: WsJournal(hub.url(), token=token("alice", run="*"), **FAST), TENANT
+        )
