@@ -208,19 +208,7 @@ class GuardedWrites(WritePipeline):
                 self._keep_scratch(scratch)
                 if update is None:
                     return version or 0
-                while self._txn_task is not None:  # never mix it into a local transaction
-                    await self._txn_idle.wait()
-                seq = got[0]
-                self._invalidate_all()
-                self.replica.apply_external(update, meta)
-                self._account(usage)
-                if seq > self.applied_seq:  # the tail would apply it again, as a foreign entry
-                    self._applied_foreign.add(seq)
-                self._written += 1
-                self._mark_committed_guarded(ops, meta, seq)
-                if self._subscribers:
-                    self._emit(ops, meta.agent, meta.source, seq, local=True)
-                return seq
+                return await self._take_in_accepted(update, ops, meta, usage, got[0])
         return None
 
     def _scratch_write(self, ops: _List[Op]) -> tuple[bytes | None, Meta, NewEntry, Replica]:
@@ -305,18 +293,25 @@ class GuardedWrites(WritePipeline):
             self._keep_scratch(scratch)
             if update is None:
                 return seq
-            while self._txn_task is not None:  # never mix it into a local transaction
-                await self._txn_idle.wait()
-            self._invalidate_all()
-            self.replica.apply_external(update, meta)
-            self._account(usage)
-            if seq > self.applied_seq:  # the tail would apply it again, as a foreign entry
-                self._applied_foreign.add(seq)
-            self._written += 1
-            self._mark_committed_guarded(ops, meta, seq)
-            if self._subscribers:
-                self._emit(ops, meta.agent, meta.source, seq, local=True)
-            return seq
+            return await self._take_in_accepted(update, ops, meta, usage, seq)
+
+    async def _take_in_accepted(
+        self, update: bytes, ops: _List[Op], meta: Meta, usage: Any, seq: int
+    ) -> int:
+        """Apply a guarded write built on a scratch copy that the journal accepted at ``seq``
+        (outside any local transaction), as this record's own journaled write."""
+        while self._txn_task is not None:  # never mix it into a local transaction
+            await self._txn_idle.wait()
+        self._invalidate_all()
+        self.replica.apply_external(update, meta)
+        self._account(usage)
+        if seq > self.applied_seq:  # the tail would apply it again, as a foreign entry
+            self._applied_foreign.add(seq)
+        self._written += 1
+        self._mark_committed_guarded(ops, meta, seq)
+        if self._subscribers:
+            self._emit(ops, meta.agent, meta.source, seq, local=True)
+        return seq
 
     async def _adopt_version(self, exc: StaleVersion) -> None:
         """A server refused a guarded write as stale although this replica holds the value
