@@ -11,7 +11,7 @@ from typing import Any, Protocol, runtime_checkable
 from pycrdt import Doc, get_state
 
 from crdtstore import InvalidUpdate, PayloadTooLarge, Replica
-from crdtstore.codec import check_update_counts
+from crdtstore.codec import check_update_counts, decode_update
 
 __all__ = ["Document", "PycrdtDocument", "ReplicaDocument"]
 
@@ -75,6 +75,20 @@ class PycrdtDocument:
         check_update_counts(update)  # (an InvalidUpdate: pycrdt pre-allocates for the counts)
         try:
             get_state(update)
+        except BaseException as exc:
+            if _is_fatal(exc):
+                raise
+            raise InvalidUpdate(f"{type(exc).__name__}: {exc}") from None
+        # the strict decode (a CodecError is an InvalidUpdate): bytes pycrdt would take into
+        # a document it can no longer encode (a struct of length 0) are refused
+        decoded = decode_update(update)
+        try:
+            if decoded.nested:
+                # pycrdt refuses an item whose parent id is not a shared type after
+                # integrating the items before it: try such an update on a copy first
+                trial: Doc[Any] = Doc()
+                trial.apply_update(self.doc.get_update())
+                trial.apply_update(update)
             self.doc.apply_update(update)
         except BaseException as exc:
             if _is_fatal(exc):

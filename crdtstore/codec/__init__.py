@@ -33,6 +33,7 @@ from ._v1 import decode_delete_set as decode_delete_set
 from ._v1 import decode_state_vector as decode_state_vector
 from ._v1 import decode_update as decode_update
 from ._v1 import encode_state_vector as encode_state_vector
+from ._v1 import names_nested_parent as names_nested_parent
 from ._v1 import root_kinds as root_kinds
 
 __all__ = [
@@ -54,6 +55,7 @@ __all__ = [
     "decode_var_uint",
     "encode_state_vector",
     "encode_var_uint",
+    "names_nested_parent",
     "read_var_uint_at",
     "root_kinds",
 ]

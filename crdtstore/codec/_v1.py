@@ -33,6 +33,7 @@ __all__ = [
     "decode_state_vector",
     "decode_update",
     "encode_state_vector",
+    "names_nested_parent",
     "root_kinds",
 ]
 
@@ -42,6 +43,12 @@ CONTENT_DELETED, CONTENT_ANY, CONTENT_TYPE = 1, 8, 7
 # the nested type a ContentType item creates (Yjs type refs): Array, Map, Text; XML types
 # (3, 4, 5, 6) are read by pycrdt as XML objects
 TYPE_REFS = {0: "list", 1: "map", 2: "text"}
+
+# Yjs and yrs never write a GC or skip struct of length 0; pycrdt 0.14.13 takes a GC struct of
+# length 0 after a clock gap, and every later ``get_update`` of the document panics (division
+# by zero). (Items of length 0 do occur: yrs writes a string item split inside a surrogate
+# pair as an empty string.)
+_EMPTY_STRUCT = "a GC or skip struct of length 0"
 
 _STATE_VECTOR_ENTRY_MIN = 2  # a client id and a clock take a byte each at least
 
@@ -262,6 +269,9 @@ class Decoded(NamedTuple):
     # None when some such item does not name it (it has an origin)
     others: set[str] | None
     deletes: list[tuple[int, int, int]]  # the delete set: (client, clock, length)
+    # some item names a nested type (an item id) as its parent: pycrdt refuses such an item
+    # when the id is not a shared type, after integrating the items before it
+    nested: bool = False
 
 
 def decode_update(update: bytes) -> Decoded:
@@ -277,11 +287,21 @@ def decode_update(update: bytes) -> Decoded:
         raise CodecError("unexpected end of update") from None
 
 
+def names_nested_parent(update: bytes) -> bool:
+    """Whether some item of ``update`` names a nested type (an item id) as its parent, or the
+    bytes do not decode here (then it cannot be told: True)."""
+    try:
+        return _decode(update).nested
+    except (CodecError, IndexError):
+        return True
+
+
 def _decode(data: bytes) -> Decoded:
     # var-uints are read inline (most are one byte; read_var_uint_at reads the others), values
     # and strings through a Decoder at the same position
     entries: list[MapItem] = []
     others: set[str] | None = set()
+    nested = False
     r = Decoder(data)
     b = data[0]
     clients, pos = (b, 1) if b < 0x80 else read_var_uint_at(data, 0)
@@ -299,6 +319,8 @@ def _decode(data: bytes) -> Decoded:
             if ref == 0 or ref == 10:  # GC, Skip
                 b = data[pos]
                 n, pos = (b, pos + 1) if b < 0x80 else read_var_uint_at(data, pos)
+                if not n:
+                    raise CodecError(_EMPTY_STRUCT)
                 clock += n
                 continue
             origin: tuple[int, int] | None = None
@@ -321,6 +343,7 @@ def _decode(data: bytes) -> Decoded:
                     parent = r.read_var_string()
                 else:
                     parent = (r.read_var_uint(), r.read_var_uint())
+                    nested = True
                 if info & 0x20:
                     key = r.read_var_string()
             value: Any = None
@@ -378,4 +401,4 @@ def _decode(data: bytes) -> Decoded:
                 elif parent is None:
                     others = None  # an item next to another one: its root is not named
             clock += length
-    return Decoded(entries, others, _delete_set(data, pos))
+    return Decoded(entries, others, _delete_set(data, pos), nested)

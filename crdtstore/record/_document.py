@@ -21,7 +21,7 @@ from pycrdt import Array, Doc, Map, Text, Transaction
 from .._errors import CollectionKindMismatch, InvalidUpdate, PayloadTooLarge
 from .._journal import NewEntry, Op, checksum
 from .._values import from_stored
-from ..codec import check_update_counts
+from ..codec import Decoded, check_update_counts, decode_update
 from ._provenance import Meta, ProvenanceIndex
 
 REGISTRY = "__crdtstore_collections"
@@ -129,6 +129,9 @@ class ReplicaDocument(ProvenanceIndex):
         self._txn_cm: Any = None
         self._deletes_wanted = False  # (apply_external: capture the delete set too)
         self._captured_deletes: bytes | None = None
+        # the last update check_update decoded, and what it read (apply_external of the same
+        # bytes, checked=True, does not decode them again)
+        self.last_checked: tuple[bytes, Decoded] | None = None
         self._wtxn: Any = None  # the transaction object local_set reuses (see there)
         self.partial_update: bytes | None = None
         self._capture: Any = self.capture_transactions()
@@ -390,8 +393,14 @@ class ReplicaDocument(ProvenanceIndex):
 
     def check_update(
         self, update: bytes, *, trial_decode: bool = True, size_limit: bool = True
-    ) -> None:
-        """Reject update bytes that cannot be right before they reach the document.
+    ) -> Decoded | None:
+        """Reject update bytes that cannot be right before they reach the document; return
+        what the trial decode read (None without it).
+
+        The trial decode is pycrdt's parse (``get_state``) and crdtstore's strict one
+        (:func:`crdtstore.codec.decode_update`: canonical, no trailing bytes, no struct of
+        length 0), which refuses bytes pycrdt would take into a document it can then no
+        longer encode.
 
         Raises:
             PayloadTooLarge: larger than ``max_update``.
@@ -403,7 +412,7 @@ class ReplicaDocument(ProvenanceIndex):
             raise PayloadTooLarge("update", len(update), self.max_update)
         check_update_counts(update)
         if not trial_decode:
-            return
+            return None
         try:
             # decoding the state vector parses the whole structure without touching the doc
             from pycrdt import get_state
@@ -413,21 +422,42 @@ class ReplicaDocument(ProvenanceIndex):
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
             raise InvalidUpdate(f"{type(exc).__name__}: {exc}") from None
+        decoded = decode_update(update)  # (a CodecError is an InvalidUpdate)
+        self.last_checked = (update, decoded)
+        return decoded
 
     def apply_update(
-        self, update: bytes, *, trial_decode: bool = True, size_limit: bool = True
+        self,
+        update: bytes,
+        *,
+        trial_decode: bool = True,
+        size_limit: bool = True,
+        nested: bool | None = None,
     ) -> None:
         """Apply raw update bytes (no provenance).
+
+        pycrdt refuses an item whose parent id is not a shared type only after integrating
+        the items before it (pycrdt 0.14.13), so an update with an item that names a nested
+        type as its parent is tried on a scratch copy of the document first: a refusal
+        leaves this one as it was. ``nested`` says whether the caller's decode of ``update``
+        found such an item (None: as the trial decode found, else assume not: bytes this
+        store wrote or accepted before).
 
         Raises:
             PayloadTooLarge, InvalidUpdate: see :meth:`check_update`; the doc is unchanged.
         """
-        self.check_update(update, trial_decode=trial_decode, size_limit=size_limit)
+        decoded = self.check_update(update, trial_decode=trial_decode, size_limit=size_limit)
+        if nested is None:
+            nested = decoded is not None and decoded.nested
         # an update from elsewhere may register a name concurrently as another kind (the
         # registry's last writer wins): forget what was cached, the registry is the truth.
         # (Observing the registry instead would change how pycrdt encodes the document.)
         self._kinds.clear()
         try:
+            if nested:
+                trial: Doc[Any] = Doc()
+                trial.apply_update(self.doc.get_update())
+                trial.apply_update(update)
             self.doc.apply_update(update)
         except BaseException as exc:
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):

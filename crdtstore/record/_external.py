@@ -124,8 +124,12 @@ class ExternalUpdates(JournalReplay):
         # (outside any transaction, as always here: no transaction since the cache was
         # made means no change to the registry since, without asking its size)
         before = self._colls if self._colls_at[0] == self._transactions else self.collections()
+        last = self.last_checked
         try:
-            decoded: Decoded | None = decode_update(update)
+            if last is not None and last[0] is update:
+                decoded: Decoded | None = last[1]
+            else:
+                decoded = decode_update(update)
         except UpdateDecodeError as exc:
             log.warning("cannot decode an external update, effect from events: %s", exc)
             decoded = None
@@ -150,7 +154,8 @@ class ExternalUpdates(JournalReplay):
         self._capturing = self._deletes_wanted = True
         synced = self._keys_at == self._transactions
         try:
-            self.apply_update(update, trial_decode=False, size_limit=False)
+            nested = decoded is None or decoded.nested
+            self.apply_update(update, trial_decode=False, size_limit=False, nested=nested)
         except BaseException:
             # the index took in entries the document refused: rebuild it from the document
             self._keys, self._keys_sv, self._keys_at = None, {}, -1
@@ -425,7 +430,7 @@ class ExternalUpdates(JournalReplay):
         kinds = self._kinds
         self._kinds = {}
         try:
-            self.apply_update(update, trial_decode=False, size_limit=False)
+            self.apply_update(update, trial_decode=False, size_limit=False, nested=True)
         finally:
             self._capturing = False
             for root, sub in subs:
