@@ -12,10 +12,11 @@
    median of the chunk-by-chunk ratios beside it. Also printed: ``set`` of the whole entry on
    the ``merge="fields"`` map (it writes only the changed field). Target: patch / set <=
    1.5x.
-2. **history of one field** (``sqlite:///``): an entry with 10,000 journaled patches spread
-   over 4 fields, then ``await m.history(key, field)`` (2,500 entries), and the same with all
-   10,000 patches on the one field; baseline in the same run: ``rec.history`` of an ordinary
-   map key written as often. Median of 5 calls. Target: under 50 ms.
+2. **history of one field** (``sqlite:///``): entries with 10,000 journaled patches each,
+   spread over 20 fields (the field read has 500 writes) and over 4 (2,500), and all on the
+   one field (10,000); ``await m.history(key, field)`` reads only that field's journal rows
+   (its physical key's). Baseline in the same run: ``rec.history`` of an ordinary map key
+   written 10,000 times. Median of 5 calls. Target: under 50 ms.
 
 Ratios are given from wall-clock time and from process CPU time.
 """
@@ -128,14 +129,17 @@ async def history_of_a_field(n: int, calls: int = 5) -> list[Result]:
             async with store.open_record(run="r", agent="a", schema=SCHEMA) as rec:
                 fm, pm = rec.map("f"), rec.map("p")
                 four = ("status", "owner", "severity", "score")
+                twenty = ("status", *(f"f{j}" for j in range(19)))
                 for i in range(n):
                     await fm.patch("spread", {four[i % 4]: i})
+                    await fm.patch("wide", {twenty[i % 20]: i})
                     await fm.patch("one", {"status": i})
                     await pm.set("k", {"status": i})
                     if i % 1000 == 999:
                         await rec.flush()
                 await rec.flush()
                 cases = [
+                    ("field of 20, 10k patches of the entry", fm.history, ("wide", "status")),
                     ("field of 4, 10k patches of the entry", fm.history, ("spread", "status")),
                     ("the one field, 10k patches", fm.history, ("one", "status")),
                     ("ordinary map key, 10k sets (baseline)", rec.history, ("p", "k")),
@@ -148,11 +152,11 @@ async def history_of_a_field(n: int, calls: int = 5) -> list[Result]:
                         got = await call(*args)
                         times.append(time.perf_counter() - t0)
                     timed[what] = (median(times), len(got))
-    base = timed[cases[2][0]][0]
+    base = timed[cases[-1][0]][0]
     for what, (secs, count) in timed.items():
         ms = secs * 1e3
         rows.append([what, f"{count:,}", fmt(ms, "ms"), fmt(secs / base, "x")])
-        if what != cases[2][0]:
+        if what != cases[-1][0]:
             met = ms < TARGET_HISTORY_MS
             results.append(Result("fields", f"history, {what}", ms, "ms", base * 1e3,
                                   secs / base, f"< {TARGET_HISTORY_MS:g} ms", met))  # fmt: skip

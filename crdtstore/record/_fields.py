@@ -27,7 +27,7 @@ from pydantic import BaseModel, ValidationError
 from .._errors import InvalidName, InvalidValue
 from .._journal import Op
 from .._models import Conflict, Sibling, Version
-from .._names import check_key
+from .._names import MAX_KEY_LENGTH, check_key
 from .._semantics import validate_value
 from .._values import from_stored, to_stored
 from ._maps import SEP, MapCollection
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
 RS = "\x1e"  # between an entry's key and a field name (refused in keys and field names)
 MARKER = ""  # the field name of the presence marker ``<key>\x1e``
+_BAD = ("\x00", RS, SEP)  # never in a key or a field name of these collections
 
 
 class _Delete:
@@ -307,6 +308,31 @@ class FieldMap(MapCollection):
             SchemaInvalid: the merged entry fails the collection's model (nothing written).
             PolicyViolation, BudgetExceeded, StaleVersion, LeaseLost: as ``set``.
         """
+        if (
+            type(fields) is dict
+            and len(fields) == 1
+            and remove == ()
+            and expected_version is None
+            and based_on is None
+            and lease is None
+            and not self.keep_all
+            and self.model is None
+        ):
+            # the usual patch, one field of an unvalidated lww entry: one map set
+            ((field, value),) = fields.items()
+            if (
+                type(key) is str
+                and type(field) is str
+                and value is not DELETE
+                and key
+                and field
+                and len(key) + len(field) < MAX_KEY_LENGTH
+                and key.isascii()
+                and field.isascii()
+                and not any(c in key or c in field for c in _BAD)
+            ):
+                await self._set_one(key, f"{key}{RS}{field}", field, to_stored(value))
+                return
         key = self._check_key(key)
         if not isinstance(fields, Mapping):
             raise InvalidValue(f"patch takes a dict of fields, not {type(fields).__name__}")
@@ -323,6 +349,25 @@ class FieldMap(MapCollection):
             else:
                 sets[field] = value
         await self._commit(key, sets, removes, False, expected_version, based_on, lease, resource)
+
+    async def _set_one(self, key: str, pkey: str, field: str, stored: Any) -> None:
+        """Set one field (checked, stored form): the record's map-set fast path."""
+        rec = self._rec
+        name = self.name
+        before = rec._stamp(name)
+        cache = self._index_cache
+        wait = rec._stage(["map", name, "set", pkey, stored], None, self._root)
+        if cache is not None and cache[0] == before and rec._stamp(name) == before + 1:
+            fields = cache[1].get(key)
+            if fields is None:
+                cache[1][key] = {field: [pkey]}
+            elif field not in fields:
+                fields[field] = [pkey]
+            self._index_cache = (before + 1, cache[1])
+        else:
+            self._index_cache = None
+        if wait is not None:
+            await wait
 
     async def set(
         self,
@@ -494,7 +539,11 @@ class FieldMap(MapCollection):
             return
         before = rec._stamp(self.name)
         cache = self._index_cache
-        wait = rec._stage(ops, apply)
+        if len(ops) == 1 and ops[0][2] == "set":
+            # one field set (the usual patch): the record's map-set fast path (see _stage)
+            wait = rec._stage(ops[0], None, root)
+        else:
+            wait = rec._stage(ops, apply)
         # Applied at once, unless it waits for another task's transaction: the stamp then
         # did not move by exactly our ops, and the index is rebuilt on the next read.
         if cache is not None and cache[0] == before and rec._stamp(self.name) == before + len(ops):
