@@ -291,3 +291,39 @@ async def test_owner_policy_applies_per_field() -> None:
 async def test_declaration_without_merge_compares_equal_to_an_old_one() -> None:
     assert "merge" not in CollectionSpec(kind="map").declaration()
     assert CollectionSpec(kind="map", merge="fields").declaration()["merge"] == "fields"
+
+
+async def test_patches_inside_a_transaction_are_one_entry_and_read_back() -> None:
+    async with crdtstore.open_store("memory://") as store:
+        async with store.open_record(run="r", agent="a", schema=SCHEMA) as rec:
+            m = rec.map("findings")
+            await m.patch("f", {"a": 1})
+            await rec.flush()
+            before = len(await store.journal("r"))
+            async with rec.transaction():
+                await m.patch("f", {"b": 2})
+                assert m["f"] == {"a": 1, "b": 2}
+                await m.patch("f", {"a": DELETE, "c": 3})
+                await m.patch("g", {"x": 1})
+                assert m["f"] == {"b": 2, "c": 3} and "g" in m
+            await rec.flush()
+            assert len(await store.journal("r")) == before + 1
+            await m.update({"h": {"y": 1}, "f": {"b": 2}})
+            assert m.to_dict() == {"f": {"b": 2}, "g": {"x": 1}, "h": {"y": 1}}
+            await rec.flush()
+            async with store.open_record(run="r", agent="b", schema=SCHEMA) as other:
+                assert other.map("findings").to_dict() == m.to_dict()
+
+
+async def test_keep_all_fields_with_based_on() -> None:
+    async with crdtstore.open_store("memory://") as store:
+        async with store.open_record(run="r", agent="a", schema=KEEP) as rec:
+            m = rec.map("findings")
+            await m.patch("f", {"s": 1})
+            await rec.flush()
+            v = rec.current_version("findings")
+            await m.patch("f", {"s": 2, "t": 1}, based_on=v)
+            assert m["f"] == {"s": 2, "t": 1}
+            assert len(m.siblings("f", "s")) == 1
+            hist = await m.history("f", "s")
+            assert [h.value for h in hist] == [2]  # keep_all: the current sibling's key

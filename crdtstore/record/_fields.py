@@ -269,7 +269,10 @@ class FieldMap(MapCollection):
             pkeys = [p for ps in self._index().get(key, {}).values() for p in ps]
         out: list[HistoryEntry] = []
         for pkey in pkeys:
-            out += await self._rec.history(self.name, pkey)
+            for h in await self._rec.history(self.name, pkey):
+                if self.keep_all and isinstance(h.value, dict) and "v" in h.value:
+                    h = h.model_copy(update={"value": h.value["v"]})  # a sibling's value
+                out.append(h)
         out.sort(key=lambda h: h.provenance.seq or 0)
         return out
 
