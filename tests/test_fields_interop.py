@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 import crdtstore
-from crdtstore import CollectionSpec, FieldMap
+from crdtstore import CollectionSpec, FieldMap, StaleVersion
 from tests._wait import until
 
 from .test_interop import RUN, TENANT, RunningHub, hub, js_client, token
@@ -44,3 +44,30 @@ async def test_a_plain_yjs_client_reads_and_patches_fields(hub: RunningHub) -> N
             "wait-for",
             state={"findings": {f"f1\x1e{f}": v for f, v in want.items()}},
         )
+
+
+async def test_guarded_patches_through_the_ws_store(hub: RunningHub) -> None:
+    """``based_on`` and ``lease`` on a patch of a ``ws://`` record: decided at the hub."""
+    url = hub.server
+    async with (
+        crdtstore.open_store(url, token=token("w1")) as s1,
+        crdtstore.open_store(url, token=token("w2")) as s2,
+        s1.open_record(RUN, "w1", schema=SCHEMA) as a,
+        s2.open_record(RUN, "w2", schema=SCHEMA) as b,
+    ):
+        await a.map("findings").patch("f", {"x": 1, "y": 1})
+        await a.flush()
+        await b.sync()
+        seen = b.current_version("findings")
+        await b.map("findings").patch("f", {"y": 2}, based_on=seen)
+        stale = a.current_version("findings")
+        await b.map("findings").patch("f", {"z": 3})
+        await b.flush()
+        with pytest.raises(StaleVersion):
+            await a.map("findings").patch("f", {"x": 5, "w": 0}, based_on=stale)
+        await a.sync()
+        want = {"x": 1, "y": 2, "z": 3}
+        assert a.map("findings")["f"] == want
+        await until(lambda: b.map("findings").get("f") == want)
+        prov = a.map("findings").provenance("f", "y")
+        assert prov is not None and prov.agent == "w2"
