@@ -61,6 +61,14 @@ DELETE = _Delete()
 _Index = dict[str, dict[str, list[str]]]  # entry -> field -> physical keys (siblings)
 
 
+def _read(root: Any, pkey: str) -> Any:
+    """``root[pkey]``, None if absent: one read transaction (``Map.get`` takes three)."""
+    try:
+        return root[pkey]
+    except KeyError:
+        return None
+
+
 def check_field(field: object) -> str:
     """Return ``field`` if it can be a field name of a merge="fields" entry.
 
@@ -136,8 +144,8 @@ class FieldMap(MapCollection):
     def _field(self, key: str, field: str, pkeys: list[str]) -> Any:
         root = self._root
         if not self.keep_all:
-            return from_stored(root.get(pkeys[0]))
-        sibs = [self._sibling(p, root.get(p)) for p in pkeys]
+            return from_stored(_read(root, pkeys[0]))
+        sibs = [self._sibling(p, _read(root, p)) for p in pkeys]
         if len(sibs) == 1:
             return sibs[0].value
         sibs.sort(key=lambda s: (s.wall_time, s.token))
@@ -154,7 +162,10 @@ class FieldMap(MapCollection):
         )
 
     def _entry(self, key: str, fields: dict[str, list[str]]) -> dict[str, Any]:
-        return {f: self._field(key, f, p) for f, p in fields.items() if f != MARKER}
+        if len(fields) < 2:
+            return {f: self._field(key, f, p) for f, p in fields.items() if f != MARKER}
+        with self._root.doc.transaction():  # one read transaction for every field, not one each
+            return {f: self._field(key, f, p) for f, p in fields.items() if f != MARKER}
 
     def _out_entry(self, entry: dict[str, Any]) -> Any:
         model = self.model
@@ -206,9 +217,9 @@ class FieldMap(MapCollection):
         pkeys = self._index().get(key, {}).get(field, [])
         root = self._root
         if not self.keep_all:
-            return [self._sibling(p, {"v": root.get(p)}) for p in pkeys]
+            return [self._sibling(p, {"v": _read(root, p)}) for p in pkeys]
         return sorted(
-            (self._sibling(p, root.get(p)) for p in pkeys), key=lambda s: (s.wall_time, s.token)
+            (self._sibling(p, _read(root, p)) for p in pkeys), key=lambda s: (s.wall_time, s.token)
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -428,15 +439,21 @@ class FieldMap(MapCollection):
 
     def _current(self, fields: dict[str, list[str]]) -> dict[str, Any]:
         """Stored values of an entry's fields (a keep_all field: its newest sibling's)."""
+        if len(fields) > 1:
+            with self._root.doc.transaction():  # one read transaction, not one per field
+                return self._current_in(fields)
+        return self._current_in(fields)
+
+    def _current_in(self, fields: dict[str, list[str]]) -> dict[str, Any]:
         root = self._root
         out: dict[str, Any] = {}
         for field, pkeys in fields.items():
             if field == MARKER:
                 continue
             if not self.keep_all:
-                out[field] = root.get(pkeys[0])
+                out[field] = _read(root, pkeys[0])
             else:
-                sibs = [root.get(p) for p in pkeys]
+                sibs = [_read(root, p) for p in pkeys]
                 sibs = [s for s in sibs if isinstance(s, dict)]
                 if sibs:
                     out[field] = max(sibs, key=lambda s: float(s.get("t", 0))).get("v")
