@@ -327,3 +327,16 @@ async def test_keep_all_fields_with_based_on() -> None:
             assert len(m.siblings("f", "s")) == 1
             hist = await m.history("f", "s")
             assert [h.value for h in hist] == [2]  # keep_all: the current sibling's key
+
+
+async def test_a_view_patches_only_inside_it() -> None:
+    async with crdtstore.open_store("memory://") as store:
+        async with store.open_record(run="r", agent="a", schema=SCHEMA) as rec:
+            view = rec.view(["findings/net*"])
+            await view.map("findings").patch("net1", {"status": "new"})
+            with pytest.raises(PolicyViolation):
+                await view.map("findings").patch("disk1", {"status": "new"})
+            assert rec.map("findings").to_dict() == {"net1": {"status": "new"}}
+            data = view.data()["findings"]
+            assert data["net1"]["value"] == {"status": "new"}
+            assert data["net1"]["provenance"]["agent"] == "a"
