@@ -340,3 +340,15 @@ async def test_a_view_patches_only_inside_it() -> None:
             data = view.data()["findings"]
             assert data["net1"]["value"] == {"status": "new"}
             assert data["net1"]["provenance"]["agent"] == "a"
+
+
+async def test_set_writes_a_field_whose_json_changed_even_if_python_calls_it_equal() -> None:
+    async with crdtstore.open_store("memory://") as store:
+        async with store.open_record(run="r", agent="a", schema=SCHEMA) as rec:
+            m = rec.map("findings")
+            await m.set("f", {"ok": True, "n": 5, "xs": [1, {"b": False}]})
+            await m.set("f", {"ok": 1, "n": 5.0, "xs": [1, {"b": 0}]})
+            assert m["f"] == {"ok": 1, "n": 5, "xs": [1, {"b": 0}]}
+            assert type(m["f"]["ok"]) is int and type(m["f"]["xs"][1]["b"]) is int
+            await rec.flush()
+            assert [h.value for h in await m.history("f", "n")] == [5]  # unchanged: not written

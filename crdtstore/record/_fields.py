@@ -69,6 +69,20 @@ def _read(root: Any, pkey: str) -> Any:
         return None
 
 
+def _same(a: Any, b: Any) -> bool:
+    """Whether two stored values are the same JSON (``True == 1`` in Python, not in JSON;
+    an int and the float the document gives back for it are the same)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, (dict, list)) or isinstance(b, (dict, list)):
+        return False
+    return bool(a == b)
+
+
 def check_field(field: object) -> str:
     """Return ``field`` if it can be a field name of a merge="fields" entry.
 
@@ -491,7 +505,7 @@ class FieldMap(MapCollection):
         ops: list[Op] = []
         for field, value in stored.items():
             pkeys = fields.get(field, [])
-            if replace and field in current and len(pkeys) == 1 and current[field] == value:
+            if replace and field in current and len(pkeys) == 1 and _same(current[field], value):
                 continue  # unchanged: not written, so a concurrent write of it wins
             ops += self._field_ops(key, field, value, pkeys)
         for field in removes:
