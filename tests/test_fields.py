@@ -229,7 +229,11 @@ async def test_bad_input_is_refused_and_writes_nothing() -> None:
             with pytest.raises(InvalidValue):
                 await m.set("f", 5)
             with pytest.raises(InvalidValue, match="based_on"):
-                await m.patch("f", {"a": 2}, expected_version=1)
+                await m.patch("f", {"a": 2, "b": 3}, expected_version=1)
+            with pytest.raises(InvalidValue, match="based_on"):
+                await m.set("f", {"a": 2}, expected_version=1)
+            with pytest.raises(InvalidValue, match="based_on"):
+                await m.delete("f", expected_version=1)
             await rec.flush()
             assert (rec.replica.to_dict(), rec.applied_seq) == before
 
@@ -352,3 +356,38 @@ async def test_set_writes_a_field_whose_json_changed_even_if_python_calls_it_equ
             assert type(m["f"]["ok"]) is int and type(m["f"]["xs"][1]["b"]) is int
             await rec.flush()
             assert [h.value for h in await m.history("f", "n")] == [5]  # unchanged: not written
+
+
+async def test_expected_version_guards_a_one_field_patch(tmp_path: Path) -> None:
+    async with crdtstore.open_store(f"sqlite:///{tmp_path}/s.db") as store:
+        async with (
+            store.open_record(run="r", agent="a", schema=SCHEMA) as a,
+            store.open_record(run="r", agent="b", schema=SCHEMA) as b,
+        ):
+            ma, mb = a.map("findings"), b.map("findings")
+            assert isinstance(ma, FieldMap) and isinstance(mb, FieldMap)
+            assert ma.get_versioned("f", "status") == (None, 0)
+            await ma.patch("f", {"status": "new"}, expected_version=0)  # create the field
+            await mb.patch("f", {"notes": ["n"]})
+            await b.flush()
+            await a.sync()
+            value, version = ma.get_versioned("f", "status")
+            assert value == "new" and version is not None and version > 0
+            await b.sync()
+            # both read the same version; b's guarded patch wins, a's is refused
+            await mb.patch("f", {"status": "b's"}, expected_version=version)
+            with pytest.raises(StaleVersion) as info:
+                await ma.patch("f", {"status": "a's"}, expected_version=version)
+            assert info.value.current_value == "b's"
+            # another field moving does not make the guard stale
+            await mb.patch("f", {"notes": ["n", "m"]})
+            await b.flush()
+            await a.sync()
+            _, version = ma.get_versioned("f", "status")
+            await ma.patch("f", {"status": DELETE}, expected_version=version)
+            await b.sync()
+            assert mb["f"] == {"notes": ["n", "m"]}
+    async with crdtstore.open_store("memory://") as store:
+        async with store.open_record(run="r", agent="a", schema=KEEP) as rec:
+            with pytest.raises(InvalidValue, match="lww"):
+                await rec.map("findings").patch("f", {"s": 1}, expected_version=0)

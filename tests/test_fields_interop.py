@@ -47,7 +47,8 @@ async def test_a_plain_yjs_client_reads_and_patches_fields(hub: RunningHub) -> N
 
 
 async def test_guarded_patches_through_the_ws_store(hub: RunningHub) -> None:
-    """``based_on`` and ``lease`` on a patch of a ``ws://`` record: decided at the hub."""
+    """``based_on`` and a one-field ``expected_version`` on patches of ``ws://`` records:
+    decided at the hub."""
     url = hub.server
     async with (
         crdtstore.open_store(url, token=token("w1")) as s1,
@@ -71,3 +72,12 @@ async def test_guarded_patches_through_the_ws_store(hub: RunningHub) -> None:
         await until(lambda: b.map("findings").get("f") == want)
         prov = a.map("findings").provenance("f", "y")
         assert prov is not None and prov.agent == "w2"
+        ma, mb = a.map("findings"), b.map("findings")
+        assert isinstance(ma, FieldMap) and isinstance(mb, FieldMap)
+        _, version = ma.get_versioned("f", "x")
+        await until(lambda: mb.get_versioned("f", "x")[1] == version)
+        await mb.patch("f", {"x": 7}, expected_version=version)
+        with pytest.raises(StaleVersion):
+            await ma.patch("f", {"x": 8}, expected_version=version)
+        await a.sync()
+        assert ma["f"]["x"] == 7

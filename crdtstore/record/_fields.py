@@ -251,10 +251,15 @@ class FieldMap(MapCollection):
         """The root-map key that field ``field`` of entry ``key`` lives under (``lww``)."""
         return f"{key}{RS}{field}"
 
-    def get_versioned(self, key: str) -> tuple[Any, int | None]:
-        """``(entry, version)``: the version is the newest journal position of its fields
-        (None while one is not journaled). Informational: a patch is guarded by
-        ``based_on``, not ``expected_version``."""
+    def get_versioned(self, key: str, field: str | None = None) -> tuple[Any, int | None]:
+        """``(value, version)`` of field ``field`` of entry ``key`` (pass the version as a
+        one-field patch's ``expected_version``; 0 = never written, None = not yet
+        journaled), or without ``field`` of the entry: the newest version of its fields."""
+        if field is not None:
+            check_field(field)
+            pkey = self.physical_key(key, field)
+            value = from_stored(_read(self._root, pkey))
+            return value, self._rec.version(self.name, pkey)
         fields = self._index().get(key)
         if fields is None:
             return None, self._rec.version(self.name, self.physical_key(key, MARKER))
@@ -327,12 +332,14 @@ class FieldMap(MapCollection):
 
         Args:
             based_on, lease, resource: as :meth:`MapCollection.set`.
-            expected_version: not available (an entry is several keys): use ``based_on``.
+            expected_version: a patch of one field (``lww``) succeeds only if that field is
+                still at this version (``get_versioned(key, field)``), checked at the store's
+                authority; for several fields use ``based_on``.
 
         Raises:
             InvalidName: a bad key or field name.
             InvalidValue: ``fields`` is not a dict, a value is not JSON-like, a field is both
-                set and removed, or ``expected_version`` was given.
+                set and removed, or ``expected_version`` on a patch of several fields.
             SchemaInvalid: the merged entry fails the collection's model (nothing written).
             PolicyViolation, BudgetExceeded, StaleVersion, LeaseLost: as ``set``.
         """
@@ -485,11 +492,15 @@ class FieldMap(MapCollection):
         resource: str | None,
     ) -> None:
         """Validate the merged entry, then write the ops that make it (nothing on refusal)."""
+        guard = None
         if expected_version is not None:
-            raise InvalidValue(
-                "expected_version is not available on merge='fields' collections (an entry"
-                " is several keys): pass based_on=m.current_version() instead"
-            )
+            touched = set(sets) | set(removes)
+            if replace or self.keep_all or len(touched) != 1:
+                raise InvalidValue(
+                    "expected_version guards a patch of one field of an lww merge='fields'"
+                    " collection: for an entry (several keys) pass based_on=m.current_version()"
+                )
+            guard = self.physical_key(key, next(iter(touched)))
         name = self.name
         fields = self._index().get(key) or {}
         model = self.model
@@ -518,7 +529,7 @@ class FieldMap(MapCollection):
             check_key(op[3])  # (the key and field together must fit a key's length)
         if not ops:
             return
-        await self._stage_ops(key, ops, None, based_on, lease, resource)
+        await self._stage_ops(key, ops, expected_version, based_on, lease, resource, guard)
 
     def _field_ops(self, key: str, field: str, value: Any, seen: list[str]) -> list[Op]:
         name = self.name
@@ -539,11 +550,12 @@ class FieldMap(MapCollection):
         based_on: Version | None,
         lease: Lease | None,
         resource: str | None,
+        guard: str | None = None,
     ) -> None:
-        if expected_version is not None:
+        if expected_version is not None and guard is None:
             raise InvalidValue(
-                "expected_version is not available on merge='fields' collections (an entry"
-                " is several keys): pass based_on=m.current_version() instead"
+                "expected_version is not available on a whole entry of a merge='fields'"
+                " collection (several keys): pass based_on=m.current_version() instead"
             )
         root = self._root
 
@@ -555,16 +567,17 @@ class FieldMap(MapCollection):
                     del root[op[3]]
 
         rec = self._rec
-        if based_on is not None or lease is not None:
+        if based_on is not None or lease is not None or guard is not None:
             self._index_cache = None
+            current = (lambda: self.get(key)) if guard is None else (lambda: _read(root, guard))
             try:
                 await rec._write_guarded(
                     self.name,
-                    key,
-                    None,
+                    guard or key,
+                    expected_version,
                     ops,
                     apply,
-                    lambda: self.get(key),
+                    current,
                     based_on,
                     self._fence(key, lease, resource),
                 )
