@@ -42,14 +42,7 @@ _BAD = ("\x00", RS, SEP)  # never in a key or a field name of these collections
 
 
 class _Delete:
-    """The type of :data:`DELETE`."""
-
-    _instance: _Delete | None = None
-
-    def __new__(cls) -> _Delete:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
+    """The type of :data:`DELETE` (one instance: compared with ``is``)."""
 
     def __repr__(self) -> str:
         return "crdtstore.DELETE"
@@ -243,9 +236,6 @@ class FieldMap(MapCollection):
             entry = self._entry(key, fields)
             out[key] = {f: v.to_json() if isinstance(v, Conflict) else v for f, v in entry.items()}
         return out
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.items())
 
     def physical_key(self, key: str, field: str) -> str:
         """The root-map key that field ``field`` of entry ``key`` lives under (``lww``)."""
