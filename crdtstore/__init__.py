@@ -58,6 +58,9 @@ from ._store import Store as Store
 from ._store import open_store as open_store
 from .record._collections import ListCollection as ListCollection
 from .record._collections import TextCollection as TextCollection
+from .record._fields import DELETE as DELETE
+from .record._fields import FieldMap as FieldMap
+from .record._fields import KeepAllFieldMap as KeepAllFieldMap
 from .record._guarded import Claim as Claim
 from .record._maps import KeepAllMap as KeepAllMap
 from .record._maps import MapCollection as MapCollection
@@ -80,6 +83,8 @@ __all__ = [
     "CompactionResult",
     "Conflict",
     "CrdtStoreError",
+    "DELETE",
+    "FieldMap",
     "HistoryEntry",
     "InvalidName",
     "InvalidResource",
@@ -88,6 +93,7 @@ __all__ = [
     "JournalBackend",
     "JournalCorrupt",
     "JournalEntry",
+    "KeepAllFieldMap",
     "KeepAllMap",
     "Lease",
     "LeaseError",

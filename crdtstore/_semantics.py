@@ -20,6 +20,7 @@ from ._journal import Op
 Policy = Literal["open", "append_only", "owner", "guarded"]
 Conflict = Literal["lww", "keep_all"]
 Kind = Literal["map", "list", "text"]
+Merge = Literal["value", "fields"]
 
 # A common rule of thumb for English text and JSON: about four bytes per model token.
 BYTES_PER_TOKEN = 4
@@ -72,6 +73,10 @@ class CollectionSpec(BaseModel):
         max_value_bytes: the largest single value.
         model: a pydantic model every value must validate against (kept in this process; the
             model's name is recorded with the declaration).
+        merge: ``value`` (an entry is one atomic value) or ``fields`` (maps: an entry is a
+            dict merged field by field; ``set`` and ``patch`` write only the fields they
+            change, so concurrent edits of different fields all survive; see
+            ``crdtstore.record._fields``). Policies, conflicts and budgets then apply per field.
     """
 
     model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
@@ -83,10 +88,14 @@ class CollectionSpec(BaseModel):
     max_bytes: int | None = Field(default=None, ge=0)
     max_value_bytes: int | None = Field(default=None, ge=0)
     model: type[BaseModel] | None = Field(default=None, exclude=True)
+    merge: Merge = "value"
 
     def declaration(self) -> dict[str, Any]:
-        """The JSON form persisted in the run's config."""
+        """The JSON form persisted in the run's config (``merge`` only when not the default,
+        so declarations persisted before it existed still compare equal)."""
         out = self.model_dump(mode="json", exclude={"model"})
+        if out.get("merge") == "value":
+            del out["merge"]
         out["model_name"] = self.model.__qualname__ if self.model is not None else None
         return out
 
@@ -99,6 +108,8 @@ class CollectionSpec(BaseModel):
             raise InvalidValue(
                 f"collection {name!r}: keep_all applies to maps that are not guarded"
             )
+        if self.merge == "fields" and self.kind != "map":
+            raise InvalidValue(f"collection {name!r}: merge='fields' applies to maps only")
 
 
 def spec_from_declaration(data: Mapping[str, Any]) -> CollectionSpec:

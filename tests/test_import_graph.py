@@ -196,6 +196,7 @@ RECORD_LAYERS = [
     "_policies",
     "_state",
     "_view",
+    "_fields",
     "_maps",
     "_collections",
     "_replica",

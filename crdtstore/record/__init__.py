@@ -16,6 +16,7 @@ tests/test_import_graph.py) and crdtstore's lower layers (``_journal``, ``_seman
       _policies       write policies and budgets
       _state          every attribute of a record, set in one place
     _view           View: the slice of a record a step sees, and its handles
+    _fields         FieldMap: map entries merged field by field (merge="fields")
     _maps, _collections   handles; they use the record only through CollectionHost
     _replica        Replica
       _external       foreign updates and their effect (with _effects)
@@ -35,6 +36,8 @@ from ._changes import ChangeStream as ChangeStream
 from ._collections import CollectionHost as CollectionHost
 from ._collections import ListCollection as ListCollection
 from ._collections import TextCollection as TextCollection
+from ._fields import FieldMap as FieldMap
+from ._fields import KeepAllFieldMap as KeepAllFieldMap
 from ._guarded import Claim as Claim
 from ._loop_commit import LoopCommit as LoopCommit
 from ._maps import KeepAllMap as KeepAllMap
@@ -52,6 +55,8 @@ __all__ = [
     "ChangeStream",
     "Claim",
     "CollectionHost",
+    "FieldMap",
+    "KeepAllFieldMap",
     "KeepAllMap",
     "LoopCommit",
     "ListCollection",

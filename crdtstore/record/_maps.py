@@ -5,7 +5,7 @@ value kept as a sibling until a later write resolves them (:class:`KeepAllMap`).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -209,6 +209,29 @@ class MapCollection(_Collection):
             return False
         await self._write(ops, apply)
         return True
+
+    async def patch(
+        self,
+        key: str,
+        fields: Mapping[str, Any],
+        *,
+        remove: Iterable[str] = (),
+        expected_version: int | None = None,
+        based_on: Version | None = None,
+        lease: Lease | None = None,
+        resource: str | None = None,
+    ) -> None:
+        """Refused: an entry here is one atomic value, and a patch made by reading it,
+        changing fields and writing it back would lose a concurrent patch. Declare the
+        collection ``CollectionSpec(kind="map", merge="fields")`` (see ``_fields``).
+
+        Raises:
+            InvalidValue: always (nothing is written).
+        """
+        raise InvalidValue(
+            f"patch needs a collection declared CollectionSpec(kind='map', merge='fields');"
+            f" {self.name!r} is not (its entries are atomic values: use set)"
+        )
 
 
 SEP = "\x1f"  # between a keep_all key and its sibling token (refused in user keys)

@@ -34,6 +34,7 @@ from .._names import check_name
 from .._semantics import CollectionSpec, spec_from_declaration
 from ._collections import CollectionHost, ListCollection, TextCollection
 from ._effects import _plain
+from ._fields import FieldMap, KeepAllFieldMap
 from ._foreign import ForeignWrites
 from ._maps import KeepAllMap, MapCollection
 from ._view import View
@@ -230,7 +231,10 @@ class Record(ForeignWrites):
             if spec is not None and spec.kind != kind:
                 raise CollectionKindMismatch(name, spec.kind, kind)
             root = self.replica.root(name, kind)
-            if spec is not None and spec.conflict == "keep_all":
+            if spec is not None and spec.merge == "fields":
+                cls = KeepAllFieldMap if spec.conflict == "keep_all" else FieldMap
+                self._stamps.setdefault(name, 0)
+            elif spec is not None and spec.conflict == "keep_all":
                 cls = KeepAllMap
                 self._stamps.setdefault(name, 0)
             host: CollectionHost = self  # (the handle's view of its record, checked)
@@ -276,7 +280,7 @@ class Record(ForeignWrites):
         """
         out = {name: _plain(value) for name, value in self.replica.to_dict().items()}
         for name, spec in self._specs.items():
-            if spec.conflict == "keep_all" and name in out:
+            if (spec.conflict == "keep_all" or spec.merge == "fields") and name in out:
                 out[name] = self.map(name).to_json()  # type: ignore[attr-defined]
         return out
 

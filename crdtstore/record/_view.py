@@ -157,6 +157,11 @@ class ScopedMap:
         self._check(key)
         await self._inner.set(key, value, **options)
 
+    async def patch(self, key: str, fields: Any, **options: Any) -> None:
+        """As :meth:`MapCollection.patch` (``merge="fields"`` maps), inside the view only."""
+        self._check(key)
+        await self._inner.patch(key, fields, **options)
+
     async def delete(self, key: str, **options: Any) -> bool:
         """As :meth:`MapCollection.delete`, for keys inside the view only."""
         self._check(key)

@@ -54,3 +54,55 @@ async def test_append_only_log_cannot_be_rewritten() -> None:
                 await facts.insert(1, "f1.5")
             await facts.append("f4")
             assert facts.to_list() == ["f1", "f2", "f3", "f4"]
+
+
+async def _two_agents_rewrite_one_entry(
+    tmp_path: Path, schema: dict[str, CollectionSpec]
+) -> tuple[dict[str, object], list[object]]:
+    """Two agents read finding ``f1``, then each writes the whole entry back with one field
+    changed, concurrently: the triager sets ``status``, the reviewer adds ``notes``."""
+    url = f"sqlite:///{tmp_path}/store.db"
+    async with crdtstore.open_store(url) as store:
+        async with (
+            store.open_record(run="r", agent="triager", schema=schema) as triager,
+            store.open_record(run="r", agent="reviewer", schema=schema) as reviewer,
+        ):
+            await triager.map("findings").set("f1", {"title": "leak", "status": "new"})
+            await triager.flush()
+            await reviewer.sync()
+            base = dict(reviewer.map("findings")["f1"])
+            await triager.map("findings").set("f1", {**base, "status": "confirmed"})
+            await reviewer.map("findings").set("f1", {**base, "notes": ["seen in prod"]})
+            for rec in (triager, reviewer):
+                await rec.flush()
+            for rec in (triager, reviewer):
+                await rec.sync()
+            entry = triager.map("findings")["f1"]
+            assert entry == reviewer.map("findings")["f1"]
+            history = [h.value for h in await triager.history("findings", "f1")]
+            return dict(entry), history
+
+
+async def test_whole_entry_rewrites_keep_both_fields_with_merge_fields(tmp_path: Path) -> None:
+    schema = {"findings": CollectionSpec(kind="map", merge="fields")}
+    entry, _ = await _two_agents_rewrite_one_entry(tmp_path, schema)
+    assert entry == {"title": "leak", "status": "confirmed", "notes": ["seen in prod"]}
+
+
+async def test_negative_control_an_atomic_entry_drops_one_rewrite(tmp_path: Path) -> None:
+    """Without merge="fields" one of the two edits is gone from the live record (it survives
+    only in history): the failure mode this scenario is about."""
+    entry, history = await _two_agents_rewrite_one_entry(tmp_path, {})
+    assert not ("notes" in entry and entry.get("status") == "confirmed")
+    lost = {"title": "leak", "status": "new", "notes": ["seen in prod"]}
+    if "notes" in entry:
+        lost = {"title": "leak", "status": "confirmed"}
+    assert lost in history
+
+
+async def test_patch_of_a_plain_map_is_refused_rather_than_dropping_an_edit() -> None:
+    async with crdtstore.open_store("memory://") as store:
+        async with store.open_record(run="r", agent="a") as rec:
+            await rec.map("findings").set("f1", {"title": "leak"})
+            with pytest.raises(crdtstore.InvalidValue, match="merge='fields'"):
+                await rec.map("findings").patch("f1", {"status": "confirmed"})
