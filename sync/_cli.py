@@ -210,7 +210,8 @@ def serve_hub(
     ``"json"`` (one JSON object per line with tenant, run and agent, see :mod:`sync._logs`);
     ``operator_token_file``: a file holding the operator token that ``/-/metrics`` and
     ``/-/health`` ask for on the hub's port; ``metrics_address``: ``host:port`` serving
-    them without a token (see :mod:`sync._metrics`); ``limits``: the hub's limits (the two above replace theirs).
+    them without a token (see :mod:`sync._metrics`); ``limits``: the hub's limits (the
+    options above replace theirs).
 
     Raises:
         SecretMissing: no secret, or too short.
