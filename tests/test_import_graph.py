@@ -196,6 +196,7 @@ RECORD_LAYERS = [
     "_policies",
     "_state",
     "_view",
+    "_counter",
     "_maps",
     "_collections",
     "_replica",
