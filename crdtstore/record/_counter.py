@@ -14,11 +14,11 @@ with ``BudgetExceeded`` and changes nothing. Without a budget, adds take the pla
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Protocol
 
 from .._counter_rules import SEP, agent_of_key, check_amount, contribution_key, number, total
-from .._errors import StaleVersion
+from .._errors import CollectionKindMismatch, StaleVersion
 from .._journal import Op
 from .._models import Version
 from .._semantics import CollectionSpec
@@ -35,7 +35,11 @@ class CounterHost(Protocol):
 
     def spec(self, name: str) -> CollectionSpec | None: ...
 
+    def collections(self) -> dict[str, str]: ...
+
     async def declare(self, name: str, spec: CollectionSpec) -> None: ...
+
+    async def _load_specs(self, declare: Mapping[str, CollectionSpec]) -> None: ...
 
     def current_version(self, collection: str | None = None) -> Version: ...
 
@@ -102,7 +106,7 @@ class CounterCollection:
 
         Raises:
             InvalidValue: ``amount`` is not a finite number within ±2**53.
-            CollectionKindMismatch: the name is a map, list or text.
+            CollectionKindMismatch: the name is (or meanwhile became) a map, list or text.
             BudgetExceeded: the add would take the counter past ``max_value``; nothing was
                 written.
         """
@@ -110,9 +114,17 @@ class CounterCollection:
         rec = self._rec
         spec = rec.spec(self.name)
         if spec is None:
+            await rec._load_specs({})  # declared since this record opened?
+            spec = rec.spec(self.name)
+        if spec is None:
+            existing = rec.collections().get(self.name)
+            if existing is not None:  # an undeclared map, list or text
+                raise CollectionKindMismatch(self.name, existing, "counter")
             await rec.declare(self.name, CollectionSpec(kind="counter"))
             spec = rec.spec(self.name)
         assert spec is not None
+        if spec.kind != "counter":
+            raise CollectionKindMismatch(self.name, spec.kind, "counter")
         root = self._root
         key = contribution_key(rec.agent, rec.replica.client_id)  # (the replica's own)
         if spec.max_value is None:
