@@ -17,8 +17,16 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Protocol
 
-from .._counter_rules import SEP, agent_of_key, check_amount, contribution_key, number, total
-from .._errors import CollectionKindMismatch, StaleVersion
+from .._counter_rules import (
+    MAX_SAFE,
+    SEP,
+    agent_of_key,
+    check_amount,
+    contribution_key,
+    number,
+    total,
+)
+from .._errors import CollectionKindMismatch, InvalidValue, StaleVersion
 from .._journal import Op
 from .._models import Version
 from .._semantics import CollectionSpec
@@ -73,6 +81,7 @@ class CounterCollection:
         self._rec = rec
         self.name = name
         self._root = root
+        self._own: tuple[str, int | float] | None = None  # (own key, its total) last written
 
     @property
     def value(self) -> int | float:
@@ -98,9 +107,9 @@ class CounterCollection:
         spec = self._rec.spec(self.name)
         return None if spec is None else spec.max_value
 
-    async def add(self, amount: int | float = 1) -> int | float:
-        """Add ``amount`` (may be negative); return the counter's value after it, as this
-        replica knows it.
+    async def add(self, amount: int | float = 1) -> None:
+        """Add ``amount`` (may be negative); read the result with :attr:`value` (summing
+        every replica's entry costs more than the add, so the add does not).
 
         Declares the collection as a counter on first use if the run has not.
 
@@ -128,13 +137,18 @@ class CounterCollection:
         root = self._root
         key = contribution_key(rec.agent, rec.replica.client_id)  # (the replica's own)
         if spec.max_value is None:
-            new = number(self._part(key) + amount)
-            check_amount(new)
+            own = self._own
+            # this replica's running total: only this replica writes its key, so the total
+            # it last wrote is the one the document holds
+            new = (own[1] if own is not None and own[0] == key else self._part(key)) + amount
+            if not -MAX_SAFE <= new <= MAX_SAFE:
+                raise InvalidValue(f"the total {new} is outside ±2**53 (not exact in JSON)")
             op: Op = ["map", self.name, "set", key, new]
             wait = rec._stage(op, None, root)  # the plain write path (one op, no callable)
+            self._own = (key, new)  # (applied to the document: _stage raises before, or not)
             if wait is not None:
                 await wait
-            return self.value
+            return
         moved: StaleVersion | None = None
         for _ in range(MAX_RETRIES):
             based_on = rec.current_version(self.name)
@@ -156,7 +170,8 @@ class CounterCollection:
                 moved = exc
                 await rec.sync()
                 continue
-            return self.value
+            self._own = (key, new)
+            return
         assert moved is not None
         raise moved
 
