@@ -180,6 +180,7 @@ class Policies(RecordState):
     def _enforcing(self) -> bool:
         return any(
             spec.policy != "open"
+            or spec.kind == "counter"  # (a counter's rule: numbers only, no deletes)
             or spec.max_entries is not None
             or spec.max_bytes is not None
             or spec.max_value_bytes is not None
