@@ -12,10 +12,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from pycrdt import Map
 
-from crdtstore import CollectionSpec, open_store
+from crdtstore import BudgetExceeded, CollectionSpec, open_store
+from tests.test_sync_client import running_hub as hub_thread
+from tests.test_sync_client import sqlite_store, ws_record
+from tests.test_sync_client import token as ws_token
 from tests.test_sync_hub import REGISTRY, RUN, TENANT, Peer, peer_at, running_hub, token
 
 from ._wait import until
@@ -62,3 +66,35 @@ async def test_a_plain_yjs_client_reads_and_adds_to_a_counter(tmp_path: Path) ->
                     await until(lambda: peer.closed, "the hub to refuse a delete")
                 await rec.sync()
                 assert rec.counter("tokens").value == 8
+
+
+async def test_ws_records_share_a_budgeted_counter_through_the_hub(tmp_path: Path) -> None:
+    """Over ``ws://`` a budgeted add is decided by the hub (a guarded write): records of two
+    ``ws://`` stores and one SQLite record racing adds of 1 stop at exactly ``max_value``."""
+    async with hub_thread(tmp_path) as hub:
+        async with sqlite_store(hub) as store:
+            schema = {"budget": CollectionSpec(kind="counter", max_value=12)}
+            async with (
+                store.open_record("r1", "local", schema=schema) as local,
+                ws_record(hub, ws_token("w1")) as w1,
+                ws_record(hub, ws_token("w2")) as w2,
+            ):
+                accepted = refused = 0
+
+                async def adds(rec: Any) -> None:
+                    nonlocal accepted, refused
+                    for _ in range(6):
+                        try:
+                            await rec.counter("budget").add(1)
+                            accepted += 1
+                        except BudgetExceeded:
+                            refused += 1
+
+                async with anyio.create_task_group() as tg:
+                    for rec in (local, w1, w2):
+                        tg.start_soon(adds, rec)
+                assert (accepted, refused) == (12, 6)
+                for rec in (local, w1, w2):
+                    await rec.sync()
+                    assert rec.counter("budget").value == 12
+                assert set(w1.counter("budget").contributions()) <= {"local", "w1", "w2"}
