@@ -4,7 +4,8 @@ The counter is a ``Y.Map`` of numbers in the document: a plain client (a pycrdt 
 y-protocols, as y-websocket would) sees a crdtstore writer's contribution under its key and
 counts by setting a key of its own to its running total; crdtstore records count it. A
 write that deletes a contribution or stores something that is not a number is refused by
-the hub (the counter's rule, checked for every writer) and the counter is unchanged.
+the hub (the counter's rule, checked for every writer) and the counter is unchanged. Over
+``ws://`` a budgeted add is decided by the hub: the budget holds exactly.
 """
 
 from __future__ import annotations
