@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from builtins import list as _List
 
-from .._counter_rules import is_number, total
+from .._counter_rules import MAX_SAFE, is_number, total
 from .._journal import Op
 from .._semantics import (
     BYTES_PER_TOKEN,
@@ -74,7 +74,15 @@ class Policies(RecordState):
                 return None
             usage = self._usage.get(name)  # only budgeted collections are there
             policy = spec.policy
-            if policy != "open" or spec.kind == "counter":
+            if policy != "open" or (
+                spec.kind == "counter"
+                and not (  # a plain add of a number needs no check (numbers, no deletes)
+                    op[2] == "set"
+                    and spec.max_value is None
+                    and type(op[4]) in (int, float)
+                    and -MAX_SAFE <= op[4] <= MAX_SAFE  # (NaN fails it)
+                )
+            ):
                 if op[0] == "map" and op[2] == "set" and policy in ("owner", "append_only"):
                     # the usual checks inline; check_effect decides (and words) any refusal
                     key = op[3]
