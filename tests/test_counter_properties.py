@@ -7,18 +7,23 @@ a while (a partition: they get nothing until it heals). Replicas are resumed (re
 fresh Doc, a new client id, loaded from what they had) and the log is compacted (replaced by
 one merged snapshot) at random moments. After a final state-vector exchange every replica
 holds the same entries, and the counter's value is the sum of every add ever made, as an int
-when all adds were ints.
+when all adds were ints. The last test does the same through real records of one store:
+random adds, records closed and reopened (resumed), the run compacted (journal kept or
+dropped), and every record, and a fresh one, reads the sum.
 """
 
 from __future__ import annotations
 
 import itertools
 import random
+import time
 from typing import Any, NamedTuple
 
-from hypothesis import given
+import anyio
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import crdtstore
 from crdtstore import Replica, tree_merge
 from crdtstore._counter_rules import contribution_key, number, total
 from crdtstore._replica import Meta
@@ -168,3 +173,70 @@ def test_counter_with_fractional_adds_converges(schedule: tuple[int, list[Step]]
     assert len(values) == 1
     # the amounts are binary fractions: float sums are exact
     assert values.pop() == sum(net.added)
+
+
+# -- the same through real records: resume and compaction between random adds ----------------
+
+
+class RAdd(NamedTuple):
+    rec: int
+    amount: int
+
+
+class RResume(NamedTuple):
+    rec: int
+
+
+class RCompact(NamedTuple):
+    drop_journal: bool
+
+
+@st.composite
+def record_schedules(draw: st.DrawFn) -> tuple[int, list[RAdd | RResume | RCompact]]:
+    n = draw(st.integers(2, 4))
+    who = st.integers(0, n - 1)
+    step = st.one_of(
+        st.builds(RAdd, who, st.integers(-3, 50)),
+        st.builds(RAdd, who, st.integers(-3, 50)),
+        st.builds(RResume, who),
+        st.builds(RCompact, st.booleans()),
+    )
+    return n, draw(st.lists(step, min_size=1, max_size=25))
+
+
+@settings(max_examples=max(10, settings.default.max_examples // 3))
+@given(schedule=record_schedules())
+def test_counter_records_lose_nothing_across_resume_and_compaction(
+    schedule: tuple[int, list[RAdd | RResume | RCompact]],
+) -> None:
+    n, steps = schedule
+
+    async def main() -> None:
+        url = f"memory://counter-prop-{time.monotonic_ns()}"
+        added = 0
+        async with crdtstore.open_store(url) as store:
+            recs = [await store.open_record(run="r", agent=f"a{i}").start() for i in range(n)]
+            for step in steps:
+                if isinstance(step, RAdd):
+                    await recs[step.rec].counter("c").add(step.amount)
+                    added += step.amount
+                elif isinstance(step, RResume):
+                    await recs[step.rec].aclose()
+                    recs[step.rec] = await store.open_record(run="r", agent=f"a{step.rec}").start()
+                else:
+                    for rec in recs:
+                        await rec.flush()
+                    await store.compact("r", drop_journal=step.drop_journal)
+            for rec in recs:
+                await rec.flush()
+            for rec in recs:
+                await rec.sync()
+                if added or "c" in rec.collections():
+                    assert rec.counter("c").value == added
+            for rec in recs:
+                await rec.aclose()
+            async with store.open_record(run="r", agent="reader") as rec:
+                assert rec.counter("c").value == added
+                assert type(rec.counter("c").value) is int
+
+    anyio.run(main)
