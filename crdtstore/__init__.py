@@ -58,6 +58,7 @@ from ._store import Store as Store
 from ._store import open_store as open_store
 from .record._collections import ListCollection as ListCollection
 from .record._collections import TextCollection as TextCollection
+from .record._counter import CounterCollection as CounterCollection
 from .record._guarded import Claim as Claim
 from .record._maps import KeepAllMap as KeepAllMap
 from .record._maps import MapCollection as MapCollection
@@ -79,6 +80,7 @@ __all__ = [
     "CollectionSpec",
     "CompactionResult",
     "Conflict",
+    "CounterCollection",
     "CrdtStoreError",
     "HistoryEntry",
     "InvalidName",

@@ -19,7 +19,6 @@ from typing import Any, Protocol
 
 from .._counter_rules import (
     MAX_SAFE,
-    SEP,
     agent_of_key,
     check_amount,
     contribution_key,
@@ -184,6 +183,3 @@ class CounterCollection:
 
     def __repr__(self) -> str:
         return f"<CounterCollection {self.name!r} = {self.value} of run {self._rec.run!r}>"
-
-
-__all__ = ["SEP", "CounterCollection"]
