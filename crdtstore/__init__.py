@@ -61,6 +61,7 @@ from .record._collections import TextCollection as TextCollection
 from .record._fields import DELETE as DELETE
 from .record._fields import FieldMap as FieldMap
 from .record._fields import KeepAllFieldMap as KeepAllFieldMap
+from .record._counter import CounterCollection as CounterCollection
 from .record._guarded import Claim as Claim
 from .record._maps import KeepAllMap as KeepAllMap
 from .record._maps import MapCollection as MapCollection
@@ -82,6 +83,7 @@ __all__ = [
     "CollectionSpec",
     "CompactionResult",
     "Conflict",
+    "CounterCollection",
     "CrdtStoreError",
     "DELETE",
     "FieldMap",

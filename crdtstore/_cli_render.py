@@ -74,6 +74,14 @@ def record_json(rec: Record, info: RunInfo) -> dict[str, Any]:
                     "provenance": None if prov is None else prov.model_dump(exclude={"run"}),
                 }
             collections[name] = {"kind": kind, "entries": entries}
+        elif kind == "counter":
+            c = rec.counter(name)
+            collections[name] = {
+                "kind": kind,
+                "value": c.value,
+                "contributions": c.contributions(),
+                "max_value": c.max_value,
+            }
         elif kind == "list":
             collections[name] = {"kind": kind, "items": rec.list(name).to_list()}
         else:
@@ -131,6 +139,12 @@ def record_tree(rec: Record, title: str, max_items: int = 20) -> Tree:
             if keys:
                 node.add(_map_table(rec, name, keys[:limit]))
             more(node, len(keys[:limit]), len(keys), "keys")
+        elif kind == "counter":
+            c = rec.counter(name)
+            budget = "" if c.max_value is None else f" of {c.max_value}"
+            node = tree.add(Text.assemble((name, "bold cyan"), f"  counter = {c.value}{budget}"))
+            for agent, part in c.contributions().items():
+                node.add(_line((f"{agent}: ", "dim"), str(part)))
         elif kind == "list":
             items = rec.list(name).to_list()
             node = tree.add(Text.assemble((name, "bold cyan"), f"  list, {len(items)} items"))

@@ -335,7 +335,9 @@ class BudgetExceeded(CrdtStoreError):
 
     code = "BUDGET_EXCEEDED"
 
-    def __init__(self, collection: str, budget: str, used: int, adding: int, limit: int) -> None:
+    def __init__(
+        self, collection: str, budget: str, used: float, adding: float, limit: float
+    ) -> None:
         self.collection = collection
         self.budget = budget
         self.used = used

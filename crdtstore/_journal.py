@@ -31,7 +31,7 @@ from typing import Any, Literal, NamedTuple, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-from ._errors import InvalidValue
+from ._errors import InvalidValue, UnsupportedOperation
 
 T = TypeVar("T")
 
@@ -308,6 +308,16 @@ class JournalBackend(ABC):
     @abstractmethod
     async def delete_run(self, tenant: str, run: str) -> bool:
         """Remove every byte of the run and of its nested runs; return whether it existed."""
+
+    async def delete_run_if_due(self, tenant: str, run: str, now: float) -> bool:
+        """Delete the run and its nested runs as :meth:`delete_run` does, but only if its
+        retention deadline is set and ``<= now``, deciding and deleting in one atomic step (a
+        ``set_retention`` or a write that lands first is seen); return whether it was deleted.
+
+        What the store's retention sweep calls. The default refuses: a backend that cannot
+        make the check and the delete one step must not pretend to.
+        """
+        raise UnsupportedOperation(self.name, "the retention sweep (delete_run_if_due)")
 
     @abstractmethod
     async def get_config(self, tenant: str, run: str) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ._counter_rules import check_counter_op, check_counter_spec
 from ._errors import BudgetExceeded, InvalidValue, PolicyViolation, SchemaInvalid
 from ._journal import Op
 
@@ -21,6 +22,7 @@ Policy = Literal["open", "append_only", "owner", "guarded"]
 Conflict = Literal["lww", "keep_all"]
 Kind = Literal["map", "list", "text"]
 Merge = Literal["value", "fields"]
+Kind = Literal["map", "list", "text", "counter"]
 
 # A common rule of thumb for English text and JSON: about four bytes per model token.
 BYTES_PER_TOKEN = 4
@@ -77,6 +79,12 @@ class CollectionSpec(BaseModel):
             dict merged field by field; ``set`` and ``patch`` write only the fields they
             change, so concurrent edits of different fields all survive; see
             ``crdtstore.record._fields``). Policies, conflicts and budgets then apply per field.
+        max_value: counters: the budget of the counter's value; an add that would take it
+            past is refused with ``BudgetExceeded`` (see ``crdtstore.record._counter``).
+
+    A ``counter`` is a map in the document (a plain Yjs client sees a ``Y.Map`` of numbers:
+    one key per writing replica, holding that replica's running total; the value is their
+    sum); it takes the ``open`` policy and ``lww`` only, no entry or byte budgets, no model.
     """
 
     model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
@@ -89,6 +97,7 @@ class CollectionSpec(BaseModel):
     max_value_bytes: int | None = Field(default=None, ge=0)
     model: type[BaseModel] | None = Field(default=None, exclude=True)
     merge: Merge = "value"
+    max_value: int | float | None = None
 
     def declaration(self) -> dict[str, Any]:
         """The JSON form persisted in the run's config (``merge`` only when not the default,
@@ -96,10 +105,23 @@ class CollectionSpec(BaseModel):
         out = self.model_dump(mode="json", exclude={"model"})
         if out.get("merge") == "value":
             del out["merge"]
+        if out.get("max_value") is None:
+            out.pop("max_value", None)  # (declarations made before counters compare equal)
         out["model_name"] = self.model.__qualname__ if self.model is not None else None
         return out
 
     def check_declarable(self, name: str) -> None:
+        if self.kind == "counter":
+            check_counter_spec(
+                name,
+                policy=self.policy,
+                conflict=self.conflict,
+                budgets=(self.max_entries, self.max_bytes, self.max_value_bytes),
+                model=self.model,
+                max_value=self.max_value,
+            )
+        elif self.max_value is not None:
+            raise InvalidValue(f"collection {name!r}: max_value applies to counters only")
         if self.policy == "owner" and self.kind != "map":
             raise InvalidValue(f"collection {name!r}: the owner policy applies to maps only")
         if self.policy == "guarded" and self.kind != "map":
@@ -124,6 +146,14 @@ class StateView(Protocol):
     def owner(self, collection: str, key: str) -> str | None: ...
 
     def length(self, collection: str, kind: str) -> int: ...
+
+    def counter_total(self, collection: str) -> float:
+        """The value of counter ``collection`` now (the sum of its contributions)."""
+        ...
+
+    def counter_part(self, collection: str, key: str) -> float:
+        """The contribution under ``key`` of counter ``collection`` now (0 if none)."""
+        ...
 
 
 def check_effect(
@@ -150,7 +180,12 @@ def check_effect(
     for op in effect:
         kind, name, action = op[0], op[1], op[2]
         spec = specs.get(name)
-        if spec is None or spec.policy == "open":
+        if spec is None:
+            continue
+        if spec.kind == "counter":
+            check_counter_op(op, agent, spec.max_value, state)
+            continue
+        if spec.policy == "open":
             continue
         policy = spec.policy
         if kind == "map":

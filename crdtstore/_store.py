@@ -31,6 +31,7 @@ from ._store_compaction import COMPACTION_ITEMS as COMPACTION_ITEMS
 from ._store_compaction import CompactionResult as CompactionResult
 from ._store_compaction import _Compaction
 from ._store_runs import _info, _RunLifecycle
+from ._store_sweep import check_sweep_interval, sweep_forever
 from .record._document import DEFAULT_MAX_UPDATE
 from .record._record import Record
 
@@ -75,6 +76,7 @@ def open_store(
     max_update: int = DEFAULT_MAX_UPDATE,
     token: str | None = None,
     auto_compact: int | Literal["default"] | None = "default",
+    sweep_interval: float | None = None,
     **backend_options: Any,
 ) -> Store:
     """Open the store at ``url``: ``memory://[name]``, ``sqlite:///path/store.db``, or a
@@ -105,6 +107,11 @@ def open_store(
             it off, and is the default (``DEFAULT_AUTO_COMPACT``): a compaction costs the
             writing process CPU and resident memory, so it is opt-in (e.g. 50,000 on a
             long-lived ``sqlite://`` run); ``ws://`` ignores it (compact on the hub's store).
+        sweep_interval: seconds between retention sweeps in the background (each deletes
+            the runs whose ``set_retention`` deadline passed, as :meth:`Store.sweep`, and
+            logs them to the ``crdtstore.retention`` logger); None (the default) sweeps only
+            when :meth:`Store.sweep` is called. The hub and ``crdtstore serve`` sweep every
+            60 s unless told otherwise.
         backend_options: further options of the URL's backend (see its documentation).
             ``ws://`` takes ``connect_timeout`` (default 10 s) and ``offline_timeout``
             (default 30 s): how long a request, and so ``rec.flush()`` and closing a record,
@@ -127,6 +134,7 @@ def open_store(
         type(auto_compact) is not int or auto_compact < 1
     ):
         raise InvalidValue(f"auto_compact must be a positive int or None, not {auto_compact!r}")
+    sweep_interval = check_sweep_interval(sweep_interval)
     if token is not None:
         backend_options["token"] = token
     if not isinstance(url, str):
@@ -147,6 +155,7 @@ def open_store(
         poll_interval=poll_interval,
         max_update=max_update,
         auto_compact=auto_compact,
+        sweep_interval=sweep_interval,
     )
 
 
@@ -163,6 +172,7 @@ class Store(_RunLifecycle, _Compaction):
         poll_interval: float,
         max_update: int,
         auto_compact: int | None = None,
+        sweep_interval: float | None = None,
     ) -> None:
         self.url = url
         self.tenant = tenant
@@ -170,6 +180,7 @@ class Store(_RunLifecycle, _Compaction):
         self.poll_interval = poll_interval
         self.max_update = max_update
         self.auto_compact = auto_compact
+        self.sweep_interval = sweep_interval
         # runs being compacted in the background, and the snapshot position last seen per run
         self._compacting: set[str] = set()
         self._snapshot_at: dict[str, int] = {}
@@ -210,6 +221,8 @@ class Store(_RunLifecycle, _Compaction):
             self._notifier.poll, self.poll_interval, self._backend.changes, self._backend.heads
         )
         self._state = "open"
+        if self.sweep_interval is not None:
+            self._tg.start_soon(sweep_forever, self.tenant, self.sweep, self.sweep_interval)
         return self
 
     async def aclose(self) -> None:

@@ -7,11 +7,12 @@ A mixin of :class:`~crdtstore._store.Store`, which sets the attributes it declar
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from ._errors import InvalidValue
+from ._errors import CrdtStoreError, InvalidValue
 from ._journal import Durability, JournalBackend, NewEntry, RunInfo, RunRow, checksum
 from ._names import check_key, check_name
 from ._notify import Notifier
@@ -20,6 +21,8 @@ from .record._record import Record
 
 if TYPE_CHECKING:
     from ._store_compaction import CompactionResult
+
+log = logging.getLogger("crdtstore.retention")
 
 
 def _info(row: RunRow) -> RunInfo:
@@ -99,7 +102,17 @@ class _RunLifecycle:
 
     async def sweep(self, *, now: float | None = None) -> list[str]:
         """Delete every run of this tenant whose retention deadline has passed; return
-        their names."""
+        their names.
+
+        The backend decides each deletion again, atomically with it
+        (``JournalBackend.delete_run_if_due``): a run whose deadline a concurrent
+        ``set_retention`` moved past ``now`` is kept, and nothing is deleted of a run that
+        was not expired. Records of a deleted run open in this process are closed after it
+        (what they had not journaled went with the run).
+
+        Raises:
+            UnsupportedOperation: the backend cannot sweep (``ws://``: the hub sweeps).
+        """
         self._check_open()
         now = time.time() if now is None else now
         due = [
@@ -107,7 +120,17 @@ class _RunLifecycle:
             for r in await self._backend.list_runs(self.tenant)
             if r.delete_after is not None and r.delete_after <= now
         ]
-        return [run for run in due if await self.delete_run(run)]
+        deleted = []
+        for run in due:
+            if not await self._backend.delete_run_if_due(self.tenant, run, now):
+                continue
+            deleted.append(run)
+            for rec in [r for r in self._records if run in (r.run, r._jrun)]:
+                try:
+                    await rec.aclose()
+                except CrdtStoreError as exc:  # its run is gone: nothing left to flush to
+                    log.info("closed a record of swept run %s/%s: %s", self.tenant, run, exc)
+        return deleted
 
     async def redact(
         self, run: str, collection: str, key: str, *, agent: str = "crdtstore", reason: str = ""

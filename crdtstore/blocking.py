@@ -97,6 +97,10 @@ class BlockingRecord(_Proxy):
     def text(self, name: str) -> BlockingCollection:
         return BlockingCollection(self._portal, self._run(self._target.text, name))
 
+    def counter(self, name: str) -> BlockingCollection:
+        """``rec.counter(name).add(5)`` and ``.value``, blocking."""
+        return BlockingCollection(self._portal, self._run(self._target.counter, name))
+
     def to_dict(self) -> dict[str, Any]:
         return dict(self._run(self._target.to_dict))
 

@@ -193,6 +193,7 @@ def serve_hub(
     store_linger: float | None = None,
     allow_volatile: bool = False,
     *,
+    sweep_interval: float | None = None,
     log_format: str = "text",
     operator_token_file: Path | None = None,
     metrics_address: str | None = None,
@@ -204,11 +205,13 @@ def serve_hub(
     :func:`check_redis`).
     ``refuse_with``: how a bad token is refused (see :class:`Hub`); ``journal_window``,
     ``store_linger``: :attr:`HubLimits.journal_window`, :attr:`HubLimits.store_linger`
-    (seconds; None: the default); ``log_format``: ``"text"`` or ``"json"`` (one JSON object
-    per line with tenant, run and agent, see :mod:`sync._logs`); ``operator_token_file``: a
-    file holding the operator token that ``/-/metrics`` and ``/-/health`` ask for on the
-    hub's port; ``metrics_address``: ``host:port`` serving them without a token (see
-    :mod:`sync._metrics`); ``limits``: the hub's limits (the two above replace theirs).
+    (seconds; None: the default); ``sweep_interval``: :attr:`HubLimits.sweep_interval`
+    (seconds; 0: no retention sweeps; None: the default, 60); ``log_format``: ``"text"`` or
+    ``"json"`` (one JSON object per line with tenant, run and agent, see :mod:`sync._logs`);
+    ``operator_token_file``: a file holding the operator token that ``/-/metrics`` and
+    ``/-/health`` ask for on the hub's port; ``metrics_address``: ``host:port`` serving
+    them without a token (see :mod:`sync._metrics`); ``limits``: the hub's limits (the
+    options above replace theirs).
 
     Raises:
         SecretMissing: no secret, or too short.
@@ -233,6 +236,10 @@ def serve_hub(
         limits = dataclasses.replace(limits, journal_window=journal_window)
     if store_linger is not None:
         limits = dataclasses.replace(limits, store_linger=store_linger)
+    if sweep_interval is not None:
+        limits = dataclasses.replace(
+            limits, sweep_interval=None if sweep_interval == 0 else sweep_interval
+        )
     hub = Hub(
         store,
         secret,
@@ -339,6 +346,14 @@ JournalWindowOpt = Annotated[
     ),
 ]
 
+SweepIntervalOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--sweep-interval",
+        help="Seconds between retention sweeps, which delete (and log) the runs whose "
+        "retention deadline passed (default 60; 0: no sweeps).",
+    ),
+]
 StoreLingerOpt = Annotated[
     float | None,
     typer.Option(
@@ -419,6 +434,7 @@ def serve_command(
     journal_window: JournalWindowOpt = None,
     store_linger: StoreLingerOpt = None,
     allow_volatile: AllowVolatileOpt = False,
+    sweep_interval: SweepIntervalOpt = None,
     log_format: LogFormatOpt = "text",
     operator_token_file: OperatorTokenFileOpt = None,
     metrics_address: MetricsAddressOpt = None,
@@ -439,6 +455,7 @@ def serve_command(
             journal_window,
             store_linger,
             allow_volatile,
+            sweep_interval=sweep_interval,
             log_format=log_format,
             operator_token_file=operator_token_file,
             metrics_address=metrics_address,

@@ -72,6 +72,7 @@ from ._errors import CloseCode, ProtocolError
 from ._hub_conn import _CURRENT, _MAX_REASON, _Conn
 from ._hub_limits import HubLimits
 from ._hub_runs import _EMPTY_UPDATES, HUB_AGENT, _CheckingDocument, _RunLoader
+from ._hub_sweep import sweep_forever
 from ._logs import bind as bind_log_context
 from ._messages import PermissionDenied, QueryAwareness, Request, Update, encode
 from ._metrics import HubMetrics, operator_routes
@@ -306,6 +307,14 @@ class Hub(_RunLoader):
                     pass
                 self._read_revoked_file()
                 tg.start_soon(self._watch_revocations)
+                if self.limits.sweep_interval is not None:
+                    tg.start_soon(
+                        sweep_forever,
+                        self.limits.sweep_interval,
+                        lambda: self._tenants_seen,
+                        self._store,
+                        self._unstore,
+                    )
                 server = await serve(
                     self._handler,
                     host,

@@ -52,6 +52,9 @@ class HubLimits:
             that iteration. The hub relays updates before journaling them either way; a Yjs
             client is never told that its update is journaled, and after a hub crash it
             sends what the hub lacks on reconnect.
+        sweep_interval: seconds between retention sweeps (runs whose ``set_retention``
+            deadline passed are deleted and logged, see :mod:`sync._hub_sweep`). None: the
+            hub does not sweep.
 
     Raises:
         InvalidValue: a limit that is not > 0 (``journal_window``, ``store_linger``: < 0 or
@@ -71,6 +74,7 @@ class HubLimits:
     revocation_poll: float = 0.5
     journal_window: float = 0.02
     store_linger: float = 5.0
+    sweep_interval: float | None = 60.0
 
     def __post_init__(self) -> None:
         for name in ("journal_window", "store_linger"):
@@ -88,7 +92,10 @@ class HubLimits:
             "rate_per_second": self.rate_per_second,
             "rate_burst": self.rate_burst,
             "revocation_poll": self.revocation_poll,
+            "sweep_interval": self.sweep_interval,
         }
         for name, value in positive.items():
             if value is not None and not value > 0:
                 raise InvalidValue(f"HubLimits.{name} must be > 0, not {value!r}")
+        if self.sweep_interval is not None and not self.sweep_interval < math.inf:
+            raise InvalidValue("HubLimits.sweep_interval must be finite (None: no sweeps)")

@@ -213,6 +213,7 @@ class _RunLoader:
 
     def _init_runs(self) -> None:
         self._stores: dict[str, _TenantStore] = {}  # open stores, by tenant
+        self._tenants_seen: set[str] = {"default"}  # what the retention sweep visits
         self._store_locks: dict[str, anyio.Lock] = {}
         self._rooms: dict[tuple[str, str], _Room] = {}
         self._changed = anyio.Event()
@@ -228,6 +229,7 @@ class _RunLoader:
     async def _store(self, tenant: str) -> Store:
         """The tenant's store, opened if need be, and counted as used until
         :meth:`_unstore` (a loaded run holds it)."""
+        self._tenants_seen.add(tenant)
         lock = self._store_locks.setdefault(tenant, anyio.Lock())
         async with lock:
             held = self._stores.get(tenant)

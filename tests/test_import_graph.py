@@ -197,6 +197,7 @@ RECORD_LAYERS = [
     "_state",
     "_view",
     "_fields",
+    "_counter",
     "_maps",
     "_collections",
     "_replica",

@@ -306,7 +306,17 @@ class MemoryJournal(JournalBackend):
                 r.head = head
                 raise
 
+    async def delete_run_if_due(self, tenant: str, run: str, now: float) -> bool:
+        # no await between the check and the delete: one step on the event loop
+        r = self._data.runs.get((tenant, run))
+        if r is None or r.delete_after is None or r.delete_after > now:
+            return False
+        return self._delete(tenant, run)
+
     async def delete_run(self, tenant: str, run: str) -> bool:
+        return self._delete(tenant, run)
+
+    def _delete(self, tenant: str, run: str) -> bool:
         if (tenant, run) not in self._data.runs:
             return False
         doomed = {run}

@@ -472,12 +472,23 @@ class SQLiteJournal(_LoopPath, JournalBackend):
         )
         return _rows(raw)
 
-    async def delete_run(self, tenant: str, run: str) -> bool:
-        row = await self.get_run(tenant, run)
-        if row is None:
-            return False
+    async def delete_run_if_due(self, tenant: str, run: str, now: float) -> bool:
+        return await self._delete_run(tenant, run, now)
 
-        def tx(db: sqlite3.Connection) -> None:
+    async def delete_run(self, tenant: str, run: str) -> bool:
+        return await self._delete_run(tenant, run, None)
+
+    async def _delete_run(self, tenant: str, run: str, due_at: float | None) -> bool:
+        """Delete the run's tree; with ``due_at``, only if its deadline is ``<= due_at``, read
+        inside the same write transaction (``BEGIN IMMEDIATE``), so no ``set_retention`` or
+        append of another process can land between the check and the delete."""
+
+        def tx(db: sqlite3.Connection) -> bool:
+            got = db.execute(
+                "SELECT delete_after FROM runs WHERE tenant = ? AND run = ?", (tenant, run)
+            ).fetchone()
+            if got is None or (due_at is not None and (got[0] is None or got[0] > due_at)):
+                return False
             # the run and every run nested in it, however deep
             ids = [
                 r[0]
@@ -495,8 +506,10 @@ class SQLiteJournal(_LoopPath, JournalBackend):
                     db.execute(f"DELETE FROM {table} WHERE run_id = ?", (rid,))
                 db.execute("DELETE FROM runs WHERE id = ?", (rid,))
             self._run_ids.clear()
+            return True
 
-        await self._write(tx, durable=True)
+        if not await self._write(tx, durable=True):
+            return False
         # Deleted pages were zeroed (secure_delete); the WAL may still hold the old pages
         # until a checkpoint copies the zeroed ones over them and truncates the log.
         await self.checkpoint()

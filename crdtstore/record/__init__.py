@@ -4,7 +4,8 @@ A :class:`Record` is a run's document opened as one writer; a :class:`Replica` i
 with crdtstore's bookkeeping and no I/O. Each is a stack of base classes, one module each; a
 module imports only modules below it in this drawing (type-checking imports aside; checked by
 tests/test_import_graph.py) and crdtstore's lower layers (``_journal``, ``_semantics``,
-``_models``, ``_values``, ``_names``, ``_errors``, ``_leases``, ``_heap``, ``_v1``)::
+``_models``, ``_values``, ``_names``, ``_errors``, ``_leases``, ``_heap``, ``_v1``,
+``_counter_rules``)::
 
     _record         Record: lifecycle, declarations, collection handles, reads
       _foreign        foreign writes: apply_update, a ws:// client's appends (the hub's)
@@ -17,6 +18,7 @@ tests/test_import_graph.py) and crdtstore's lower layers (``_journal``, ``_seman
       _state          every attribute of a record, set in one place
     _view           View: the slice of a record a step sees, and its handles
     _fields         FieldMap: map entries merged field by field (merge="fields")
+    _counter        CounterCollection: counter handles (their rules: ``_counter_rules``)
     _maps, _collections   handles; they use the record only through CollectionHost
     _replica        Replica
       _external       foreign updates and their effect (with _effects)
@@ -38,6 +40,7 @@ from ._collections import ListCollection as ListCollection
 from ._collections import TextCollection as TextCollection
 from ._fields import FieldMap as FieldMap
 from ._fields import KeepAllFieldMap as KeepAllFieldMap
+from ._counter import CounterCollection as CounterCollection
 from ._guarded import Claim as Claim
 from ._loop_commit import LoopCommit as LoopCommit
 from ._maps import KeepAllMap as KeepAllMap
@@ -57,6 +60,7 @@ __all__ = [
     "CollectionHost",
     "FieldMap",
     "KeepAllFieldMap",
+    "CounterCollection",
     "KeepAllMap",
     "LoopCommit",
     "ListCollection",

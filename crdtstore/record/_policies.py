@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from builtins import list as _List
 
+from .._counter_rules import MAX_SAFE, is_number, total
 from .._journal import Op
 from .._semantics import (
     BYTES_PER_TOKEN,
@@ -48,6 +49,15 @@ class Policies(RecordState):
         root = self.replica.root(collection, kind)
         return len(str(root)) if kind == "text" else len(root)
 
+    def counter_total(self, collection: str) -> float:
+        """StateView: the value of counter ``collection`` now."""
+        return total(self.replica.root(collection, "map").values())
+
+    def counter_part(self, collection: str, key: str) -> float:
+        """StateView: the contribution under ``key`` of counter ``collection`` now."""
+        v = self.replica.root(collection, "map").get(key)
+        return v if is_number(v) else 0
+
     def _enforce(
         self, ops: _List[Op], *, conditional: bool, agent: str | None = None
     ) -> _List[BudgetDelta] | None:
@@ -64,7 +74,15 @@ class Policies(RecordState):
                 return None
             usage = self._usage.get(name)  # only budgeted collections are there
             policy = spec.policy
-            if policy != "open":
+            if policy != "open" or (
+                spec.kind == "counter"
+                and not (  # a plain add of a number needs no check (numbers, no deletes)
+                    op[2] == "set"
+                    and spec.max_value is None
+                    and type(op[4]) in (int, float)
+                    and -MAX_SAFE <= op[4] <= MAX_SAFE  # (NaN fails it)
+                )
+            ):
                 if op[0] == "map" and op[2] == "set" and policy in ("owner", "append_only"):
                     # the usual checks inline; check_effect decides (and words) any refusal
                     key = op[3]
@@ -142,7 +160,10 @@ class Policies(RecordState):
         up to date by every write); the others are measured now, O(size)."""
         out: dict[str, dict[str, int]] = {}
         total = Budget(0, 0)
-        kinds: dict[str, str] = {name: spec.kind for name, spec in self._specs.items()}
+        kinds: dict[str, str] = {
+            name: "map" if spec.kind == "counter" else spec.kind  # (a counter is a map)
+            for name, spec in self._specs.items()
+        }
         kinds.update(self.replica.collections())
         for name, kind in sorted(kinds.items()):
             spec = self._specs.get(name)
@@ -167,6 +188,7 @@ class Policies(RecordState):
     def _enforcing(self) -> bool:
         return any(
             spec.policy != "open"
+            or spec.kind == "counter"  # (a counter's rule: numbers only, no deletes)
             or spec.max_entries is not None
             or spec.max_bytes is not None
             or spec.max_value_bytes is not None

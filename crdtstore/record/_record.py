@@ -33,6 +33,7 @@ from .._models import HistoryEntry, Provenance
 from .._names import check_name
 from .._semantics import CollectionSpec, spec_from_declaration
 from ._collections import CollectionHost, ListCollection, TextCollection
+from ._counter import CounterCollection
 from ._effects import _plain
 from ._fields import FieldMap, KeepAllFieldMap
 from ._foreign import ForeignWrites
@@ -221,6 +222,25 @@ class Record(ForeignWrites):
         """The text collection ``name`` (created on first write). Raises as :meth:`map`."""
         return self._collection(name, "text", TextCollection, None)  # type: ignore[no-any-return]
 
+    def counter(self, name: str) -> CounterCollection:
+        """The counter collection ``name``: ``await rec.counter("tokens_used").add(5)``,
+        ``.value``, ``.contributions()`` (see :mod:`._counter`). Declared as a counter by its
+        first add if the run has not declared it.
+
+        Raises:
+            InvalidName: a bad collection name.
+            CollectionKindMismatch: ``name`` is declared or registered as something else.
+        """
+        got = self._collections.get((name, "counter", None))
+        if got is None:
+            check_name("collection", name)
+            spec = self._specs.get(name)
+            if spec is not None and spec.kind != "counter":
+                raise CollectionKindMismatch(name, spec.kind, "counter")
+            root = self.replica.root(name, "map")  # (a counter is a map in the document)
+            got = self._collections[(name, "counter", None)] = CounterCollection(self, name, root)
+        return got
+
     def _collection(
         self, name: str, kind: str, cls: Callable[..., Any], model: type[BaseModel] | None
     ) -> Any:
@@ -268,8 +288,13 @@ class Record(ForeignWrites):
         return self._store
 
     def collections(self) -> dict[str, str]:
-        """Every collection of the record: name -> kind (``map``, ``list``, ``text``)."""
-        return self.replica.collections()
+        """Every collection of the record: name -> kind (``map``, ``list``, ``text``,
+        ``counter``: a declared counter, a map in the document)."""
+        out = self.replica.collections()
+        for name, spec in self._specs.items():
+            if spec.kind == "counter" and out.get(name) == "map":
+                out[name] = "counter"
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         """A plain JSON-able snapshot of the whole record: ``{collection: value}``.
@@ -282,6 +307,8 @@ class Record(ForeignWrites):
         for name, spec in self._specs.items():
             if (spec.conflict == "keep_all" or spec.merge == "fields") and name in out:
                 out[name] = self.map(name).to_json()  # type: ignore[attr-defined]
+            elif spec.kind == "counter" and name in out:
+                out[name] = self.counter(name).value
         return out
 
     def provenance(self, collection: str, key: str) -> Provenance | None:

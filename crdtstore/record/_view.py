@@ -79,6 +79,10 @@ class View:
             kind = kinds.get(name)
             if kind is None:
                 continue
+            if kind == "counter":
+                if rule.whole:
+                    out[name] = self._rec.counter(name).value
+                continue
             if kind != "map":
                 if rule.whole:
                     out[name] = self._rec.replica.read(name, kind)

@@ -98,6 +98,16 @@ class Reads:
             self._see(a.collection, a.key)
             return self._entry(a.collection, a.key, a.cursor)
         self._see(a.collection)
+        if kind == "counter":
+            self._see_all(a.collection)
+            c = rec.counter(a.collection)
+            return {
+                "collection": a.collection,
+                "kind": "counter",
+                "value": c.value,
+                "contributions": c.contributions(),
+                "max_value": c.max_value,
+            }
         if kind == "list":
             self._see_all(a.collection)
             return self._list_page(a.collection, a.cursor)

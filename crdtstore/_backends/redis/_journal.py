@@ -316,17 +316,23 @@ class RedisJournal(JournalBackend):
             values = await pipe.execute() if runs else []
         return [_run_row(tenant, r, v) for r, v in zip(runs, values, strict=True) if v[0]]
 
+    async def delete_run_if_due(self, tenant: str, run: str, now: float) -> bool:
+        return await self._delete_run(tenant, run, [repr(float(now))])
+
     async def delete_run(self, tenant: str, run: str) -> bool:
+        return await self._delete_run(tenant, run, [])
+
+    async def _delete_run(self, tenant: str, run: str, due: list[str]) -> bool:
         backoff = Backoff("delete_run")
         while True:
             with mapped("delete_run"):
                 got = await self.scripts.delete_run(
-                    keys=[self.keys.runs(tenant)], args=[self.keys.tenant(tenant), run]
+                    keys=[self.keys.runs(tenant)], args=[self.keys.tenant(tenant), run, *due]
                 )
             if got[0] != b"locked":
                 break
             await backoff.wait()
-        if got[0] == b"missing":
+        if got[0] in (b"missing", b"live"):
             return False
         await self._durable()
         return True
