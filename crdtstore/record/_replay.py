@@ -19,6 +19,7 @@ from .._errors import CollectionKindMismatch, InvalidUpdate, JournalCorrupt, Pay
 from .._journal import Op, Row, checksum
 from .._values import from_stored
 from ._document import _EMPTY_UPDATES, DEFAULT_MAX_UPDATE, KINDS, ReplicaDocument
+from ._item_provenance import touches_items
 from ._provenance import _SETTLE_MIN
 
 log = logging.getLogger("crdtstore.replica")
@@ -115,6 +116,10 @@ class JournalReplay(ReplicaDocument):
                 if row.seq > self.head:
                     self.head = row.seq
                 effect = row.effect
+                if effect and touches_items(effect):
+                    self.items.applied(
+                        update, row.seq, row.agent, row.source, row.wall_time, row.origin
+                    )
                 if effect:
                     for op in effect:
                         coll_seq[op[1]] = row.seq
@@ -278,6 +283,10 @@ class BulkLoad:
                 replica.head = row.seq
             if not row.effect:
                 continue
+            if touches_items(row.effect):
+                replica.items.applied(
+                    row.update, row.seq, row.agent, row.source, row.wall_time, row.origin
+                )
             # the slot a write replaces: the writer's last set, or the last delete (every
             # write its own slot once an entry was skipped)
             seq, client, every = row.seq, row.client_id, self._every_write
