@@ -34,6 +34,7 @@ class Sim:
         self.replicas = [Replica() for _ in range(n)]
         self.pending: list[list[tuple[bytes, list[Op], Meta]]] = [[] for _ in range(n)]
         self.read_to = [0] * n
+        self.own: list[set[int]] = [set() for _ in range(n)]  # journal positions of each
         self.rows: list[Row] = []
         self.appended: dict[str, int] = {}  # list value -> its writer
         self.counter = 0
@@ -97,9 +98,11 @@ class Sim:
         for update, ops, meta in self.pending[i]:
             seq = len(self.rows) + 1
             agent, source, wall = meta.agent, meta.source, meta.wall_time
-            self.rows.append(
-                Row(seq, agent, source, r.client_id, wall, update, ops, checksum(update))
-            )
+            # odd replicas' entries are labelled with another client id, as a hub labels a
+            # foreign update it journals: readers decode their exact ranges
+            label = r.client_id if i % 2 == 0 else 0
+            self.rows.append(Row(seq, agent, source, label, wall, update, ops, checksum(update)))
+            self.own[i].add(seq)
             r.journaled(ops, meta, seq)
         self.pending[i] = []
 
@@ -107,7 +110,7 @@ class Sim:
         """Replica ``i`` takes in the journal's new entries (and ``again`` old ones)."""
         r = self.replicas[i]
         start = max(0, self.read_to[i] - again)
-        rows = [row for row in self.rows[start:] if row.client_id != r.client_id]
+        rows = [row for row in self.rows[start:] if row.seq not in self.own[i]]
         r.apply_rows(rows)
         self.read_to[i] = len(self.rows)
 

@@ -144,17 +144,32 @@ class ItemIndex:
                 held[1].extend(added)
 
     def applied(
-        self, update: bytes, seq: int, agent: str, source: str, wall: float, run: str
+        self,
+        update: bytes,
+        seq: int,
+        agent: str,
+        source: str,
+        wall: float,
+        run: str,
+        client_id: int = -1,
     ) -> None:
-        """A journal entry applied (its exact ranges, first entry wins)."""
-        try:
-            ranges = struct_ranges(update)
-        except CodecError:
-            return
-        added = False
-        for client, start, end in ranges:
-            if self._add(client, start, end, seq):
-                added = True
+        """A journal entry applied (first entry wins). An entry whose update holds only the
+        structs of the client id it was journaled with is a crdtstore writer's local
+        transaction (its own or a ``ws://`` client's): its start is enough, as for
+        :meth:`local`; any other (a foreign update a hub journaled) is decoded for its exact
+        ranges."""
+        head = first_clock(update)
+        if head is not None and head[0] == client_id:
+            added = bool(self._add(client_id, head[1], _OPEN, seq))
+        else:
+            try:
+                ranges = struct_ranges(update)
+            except CodecError:
+                return
+            added = False
+            for client, start, end in ranges:
+                if self._add(client, start, end, seq):
+                    added = True
         if added:
             self.table.add(seq, agent, source, wall, run)
 

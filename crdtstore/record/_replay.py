@@ -118,7 +118,13 @@ class JournalReplay(ReplicaDocument):
                 effect = row.effect
                 if effect and touches_items(effect):
                     self.items.applied(
-                        update, row.seq, row.agent, row.source, row.wall_time, row.origin
+                        update,
+                        row.seq,
+                        row.agent,
+                        row.source,
+                        row.wall_time,
+                        row.origin,
+                        row.client_id,
                     )
                 if effect:
                     for op in effect:
@@ -283,14 +289,12 @@ class BulkLoad:
                 replica.head = row.seq
             if not row.effect:
                 continue
-            if touches_items(row.effect):
-                replica.items.applied(
-                    row.update, row.seq, row.agent, row.source, row.wall_time, row.origin
-                )
             # the slot a write replaces: the writer's last set, or the last delete (every
             # write its own slot once an entry was skipped)
             seq, client, every = row.seq, row.client_id, self._every_write
             agent, source, wall, origin = row.agent, row.source, row.wall_time, row.origin
+            if touches_items(row.effect):
+                replica.items.applied(row.update, seq, agent, source, wall, origin, client)
             for op in row.effect:
                 coll_seq[op[1]] = seq
                 if op[0] != "map":
