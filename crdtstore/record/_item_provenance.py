@@ -23,11 +23,12 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_left, bisect_right
+from collections.abc import Iterable
 from typing import Any
 
-from .._journal import Op
+from .._journal import Op, Row
 from .._models import Provenance
-from ..codec import CodecError
+from ..codec import CodecError, encode_var_uint, read_var_uint_at
 from ..codec._ranges import first_clock, struct_ranges
 from ._provenance import Meta, _EntryTable, _pack, _unpack
 
@@ -36,7 +37,10 @@ _OPEN = -1  # the end of a local entry's range: where the client's next range st
 
 def touches_items(ops: list[Op]) -> bool:
     """Whether an effect writes list or text items (only those entries are indexed)."""
-    return any(op[0] != "map" for op in ops)
+    for op in ops:  # noqa: SIM110 (a loop: any() of a generator costs 4x on this path)
+        if op[0] != "map":
+            return True
+    return False
 
 
 class _Runs:
@@ -104,6 +108,7 @@ class ItemIndex:
         self.table = _EntryTable()  # provenance of the journal positions refs name
         # id(meta) -> (meta, [(client, start)]) of ranges whose entry is not journaled yet
         self.unjournaled: dict[int, tuple[Meta, list[tuple[int, int]]]] = {}
+        self._encoded: dict[int, bytes] = {}  # client id -> its varUint (see _own_start)
 
     def __len__(self) -> int:
         return sum(len(r.starts) for r in self.runs.values())
@@ -158,9 +163,16 @@ class ItemIndex:
         transaction (its own or a ``ws://`` client's): its start is enough, as for
         :meth:`local`; any other (a foreign update a hub journaled) is decoded for its exact
         ranges."""
-        head = first_clock(update)
-        if head is not None and head[0] == client_id:
-            added = bool(self._add(client_id, head[1], _OPEN, seq))
+        start = self._own_start(update, client_id)
+        if start is not None:
+            runs = self.runs.get(client_id)
+            if runs is not None and runs.ends[-1] == _OPEN and start > runs.starts[-1]:
+                runs.starts.append(start)  # the usual case, inline
+                runs.ends.append(_OPEN)
+                runs.refs.append(seq)
+                added = True
+            else:
+                added = bool(self._add(client_id, start, _OPEN, seq))
         else:
             try:
                 ranges = struct_ranges(update)
@@ -171,7 +183,78 @@ class ItemIndex:
                 if self._add(client, start, end, seq):
                     added = True
         if added:
-            self.table.add(seq, agent, source, wall, run)
+            table = self.table
+            tseqs = table.seqs
+            if tseqs and seq <= tseqs[-1]:
+                table.add(seq, agent, source, wall, run)
+            else:  # the usual case: append (as ProvenanceIndex.journaled_many)
+                tseqs.append(seq)
+                table.walls.append(wall)
+                table.who.append(table.names(agent, source, run))
+
+    def applied_rows(self, rows: Iterable[Row]) -> None:
+        """:meth:`applied` of every entry of ``rows`` whose effect writes list or text items
+        (in journal order; the replay's path: the usual case inline)."""
+        encoded, runs_of, table = self._encoded, self.runs, self.table
+        tseqs, walls, who, names = table.seqs, table.walls, table.who, table.names
+        last: tuple[str, str, str] = ("", "", "")
+        for seq, agent, source, cid, wall, update, effect, _, origin, _ in rows:
+            for op in effect:
+                if op[0] != "map":
+                    break
+            else:
+                continue
+            enc = encoded.get(cid)
+            runs = runs_of.get(cid)
+            if (
+                enc is None
+                or runs is None
+                or len(update) < 4
+                or update[0] != 1
+                or not 0 < update[1] < 0x80
+                or not update.startswith(enc, 2)
+                or (tseqs and seq <= tseqs[-1])
+            ):
+                self.applied(update, seq, agent, source, wall, origin, cid)
+                continue
+            pos = 2 + len(enc)
+            b = update[pos]
+            try:
+                start = b if b < 0x80 else read_var_uint_at(update, pos)[0]
+            except CodecError:
+                continue
+            if runs.ends[-1] != _OPEN or start <= runs.starts[-1]:
+                self.applied(update, seq, agent, source, wall, origin, cid)
+                continue
+            runs.starts.append(start)
+            runs.ends.append(_OPEN)
+            runs.refs.append(seq)
+            tseqs.append(seq)
+            walls.append(wall)
+            if last[0] is not agent or last[1] is not source or last[2] is not origin:
+                last = names(agent, source, origin)
+            who.append(last)
+
+    def _own_start(self, update: bytes, client_id: int) -> int | None:
+        """The first clock of ``update`` if it holds only structs of ``client_id`` (the
+        header compared with the client's encoded id, cached), else None."""
+        enc = self._encoded.get(client_id)
+        if enc is None:
+            if client_id < 0 or len(self._encoded) > 4096:
+                return None
+            enc = self._encoded[client_id] = encode_var_uint(client_id)
+        if len(update) < 4 or update[0] != 1 or not 0 < update[1] < 0x80:
+            return None
+        if not update.startswith(enc, 2):
+            return None
+        pos = 2 + len(enc)
+        b = update[pos]
+        if b < 0x80:
+            return b
+        try:
+            return read_var_uint_at(update, pos)[0]
+        except CodecError:
+            return None
 
     def journaled(self, meta: Meta, seq: int) -> None:
         """The entry of ``meta`` got journal position ``seq``."""

@@ -19,7 +19,6 @@ from .._errors import CollectionKindMismatch, InvalidUpdate, JournalCorrupt, Pay
 from .._journal import Op, Row, checksum
 from .._values import from_stored
 from ._document import _EMPTY_UPDATES, DEFAULT_MAX_UPDATE, KINDS, ReplicaDocument
-from ._item_provenance import touches_items
 from ._provenance import _SETTLE_MIN
 
 log = logging.getLogger("crdtstore.replica")
@@ -89,6 +88,7 @@ class JournalReplay(ReplicaDocument):
         never corrupts earlier entries).
         """
         touched: dict[tuple[str, str], list[tuple[Op, Row]]] = {}
+        applied: list[Row] = []  # (for the item provenance index)
         coll_seq = self.coll_seq
         doc = self.doc
         with doc.transaction() as txn:
@@ -116,17 +116,8 @@ class JournalReplay(ReplicaDocument):
                 if row.seq > self.head:
                     self.head = row.seq
                 effect = row.effect
-                if effect and touches_items(effect):
-                    self.items.applied(
-                        update,
-                        row.seq,
-                        row.agent,
-                        row.source,
-                        row.wall_time,
-                        row.origin,
-                        row.client_id,
-                    )
                 if effect:
+                    applied.append(row)
                     for op in effect:
                         coll_seq[op[1]] = row.seq
                         if op[0] == "map":
@@ -135,6 +126,8 @@ class JournalReplay(ReplicaDocument):
                                 touched[(op[1], op[3])] = [(op, row)]
                             else:
                                 writes.append((op, row))
+            if applied:
+                self.items.applied_rows(applied)
             if not touched:
                 return
             winners = self._winners(touched, txn._txn)
@@ -283,6 +276,7 @@ class BulkLoad:
                     self._every_write = True
                     continue
                 applied.append(row)
+        replica.items.applied_rows(applied)
         pending, coll_seq = self._pending, replica.coll_seq
         for row in applied:
             if row.seq > replica.head:
@@ -293,8 +287,6 @@ class BulkLoad:
             # write its own slot once an entry was skipped)
             seq, client, every = row.seq, row.client_id, self._every_write
             agent, source, wall, origin = row.agent, row.source, row.wall_time, row.origin
-            if touches_items(row.effect):
-                replica.items.applied(row.update, seq, agent, source, wall, origin, client)
             for op in row.effect:
                 coll_seq[op[1]] = seq
                 if op[0] != "map":
