@@ -176,3 +176,21 @@ async def test_inspect_shows_who_wrote_items_and_lines(tmp_path: Path) -> None:
     assert '"b1"  (bob (tool) #3)' in tree.stdout
     assert "hello big é😀 world  (alice (model) #2, bob (tool) #4)" in tree.stdout
     assert "second line  (alice (model) #2)" in tree.stdout
+
+
+async def test_authorship_of_part_of_a_text() -> None:
+    async with crdtstore.open_store("memory://") as store:
+        await write_two_agents(store)
+        async with store.open_record("r", agent="reader") as rec:
+            notes = rec.text("notes")
+            whole = notes.authorship()
+            part = notes.authorship(3, 16)
+            assert [(s.start, s.end, s.text) for s in part] == [
+                (3, 6, "lo "),
+                (6, 13, "big é😀 "),
+                (13, 16, "wor"),
+            ]
+            assert [s.provenance for s in part] == [s.provenance for s in whole[:3]]
+            assert notes.authorship(40) == [] and notes.authorship(5, 5) == []
+            with pytest.raises(crdtstore.InvalidValue):
+                notes.authorship("0")  # type: ignore[arg-type]

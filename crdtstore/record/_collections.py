@@ -248,14 +248,22 @@ class TextCollection(_Collection):
     def __len__(self) -> int:
         return len(str(self._root))
 
-    def authorship(self) -> list[Span]:
+    def authorship(self, start: int = 0, end: int | None = None) -> list[Span]:
         """Who wrote every part of the text: the maximal spans written by one journal entry
-        each, in text order, covering the whole text (see :class:`~crdtstore.Span`), the
-        same on every replica and after resume and compaction. Costs a walk of the text
-        per character (pycrdt's sticky indexes), not a read of the journal."""
+        each, in text order, covering characters ``start`` to ``end`` (default: the whole
+        text; clipped to it), see :class:`~crdtstore.Span`; the same on every replica and
+        after resume and compaction. Costs a pycrdt sticky index per character (a walk of
+        the text each), not a read of the journal.
+
+        Raises:
+            InvalidValue: ``start`` or ``end`` is not an int.
+        """
+        if type(start) is not int or (end is not None and type(end) is not int):
+            raise InvalidValue("authorship start and end must be ints")
+        items, run = self._rec.replica.items, self._rec._jrun
         return [
             Span(start=s, end=e, text=t, provenance=p)
-            for s, e, t, p in text_authorship(self._root, self._rec.replica.items, self._rec._jrun)
+            for s, e, t, p in text_authorship(self._root, items, run, start, end)
         ]
 
     async def edit(self, new_text: str) -> None:

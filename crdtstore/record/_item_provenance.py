@@ -351,7 +351,9 @@ def item_id(root: Any, index: int) -> tuple[int, int] | None:
     return int(item["client"]), int(item["clock"])
 
 
-def text_runs(root: Any, text: str) -> list[tuple[int, int, int]]:
+def text_runs(
+    root: Any, text: str, start: int = 0, end: int | None = None
+) -> list[tuple[int, int, int]]:
     """The id of every character of a text: ``(client, clock)`` per character, as
     ``(character index, client, clock)`` of each run of consecutive ids.
 
@@ -361,11 +363,11 @@ def text_runs(root: Any, text: str) -> list[tuple[int, int, int]]:
     other, and each character's clock counted in UTF-16 units from the block's start (exact
     also where pycrdt counts in clock units)."""
     out: list[tuple[int, int, int]] = []
-    pos = 0  # UTF-8 offset
+    pos = len(text[:start].encode("utf-8", "surrogatepass"))  # UTF-8 offset
     prev: tuple[int, int] | None = None  # the previous character's (client, raw clock)
     prev_bytes = 0
     with root.doc.transaction():
-        for i, ch in enumerate(text):
+        for i, ch in enumerate(text[start:end], start):
             got = item_id(root, pos)
             if got is None:
                 out.append((i, -1, 0))
@@ -378,14 +380,17 @@ def text_runs(root: Any, text: str) -> list[tuple[int, int, int]]:
 
 
 def text_authorship(
-    root: Any, items: ItemIndex, run: str
+    root: Any, items: ItemIndex, run: str, start: int = 0, end: int | None = None
 ) -> list[tuple[int, int, str, Provenance | None]]:
     """``(start, end, text, provenance)`` of each maximal span of a text written by one
-    journal entry (character indices, ``end`` exclusive; provenance None where unknown)."""
+    journal entry (character indices, ``end`` exclusive; provenance None where unknown),
+    of characters ``start`` to ``end`` only (clipped to the text)."""
     text = str(root)
-    runs = text_runs(root, text)
+    end = len(text) if end is None else max(0, min(end, len(text)))
+    start = max(0, min(start, end))
+    runs = text_runs(root, text, start, end)
     spans: list[list[Any]] = []  # [start, end, ref]
-    bounds = [start for start, _, _ in runs] + [len(text)]
+    bounds = [first for first, _, _ in runs] + [end]
     for n, (start, client, clock) in enumerate(runs):
         for i in range(start, bounds[n + 1]):
             ref = None if client < 0 else items.ref(client, clock)

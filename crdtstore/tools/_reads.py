@@ -224,13 +224,8 @@ class Reads:
         end = start + len(chunk)
         # who wrote each part of the chunk: spans of one journal entry, clipped to it
         spans = [
-            {
-                "start": max(span.start, start),
-                "end": min(span.end, end),
-                "provenance": _positioned(span.provenance),
-            }
-            for span in handle.authorship()
-            if span.end > start and span.start < end
+            {"start": span.start, "end": span.end, "provenance": _positioned(span.provenance)}
+            for span in handle.authorship(start, end)
         ]
         out.update(
             version=version,
