@@ -3,15 +3,23 @@ Yjs client (``yjs`` + ``y-websocket``, ``tests/interop/client.mjs``): its items 
 characters are attributed to its token's agent, on a Python record tailing the journal,
 after a resume and after a compaction that drops the journal; a crdtstore writer's items in
 the same list and text keep theirs. (The hub and the client as in tests/test_interop.py.)
+And crdtstore writers through the hub (``ws://``, as in tests/test_sync_client.py): their
+token's agent, on their own replica and the others'.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 import crdtstore
 from tests._wait import until
 from tests.test_interop import RUN, TENANT, RunningHub, hub, js_client, py_record, token
+from tests.test_sync_client import RUN as WS_RUN
+from tests.test_sync_client import TENANT as WS_TENANT
+from tests.test_sync_client import running_hub, ws_record
+from tests.test_sync_client import token as ws_token
 
 __all__ = ["hub"]  # (the fixture, imported for pytest)
 
@@ -64,4 +72,35 @@ async def test_js_items_and_text_are_its_tokens_agent(hub: RunningHub) -> None:
             assert authors(again) == want
         await store.compact(RUN, drop_journal=True)
         async with store.open_record(RUN, "reader") as again:  # from the snapshot
+            assert authors(again) == want
+
+
+async def test_ws_writers_items_and_spans_are_their_tokens_agent(tmp_path: Path) -> None:
+    """crdtstore writers through the hub (``ws://``): every replica, the writer's own
+    included, names the token's agent; so does a resume from the hub's store."""
+    async with (
+        running_hub(tmp_path) as running,
+        ws_record(running, ws_token("alice")) as alice,
+        ws_record(running, ws_token("bob")) as bob,
+    ):
+        await alice.list("steps").extend(["a1", "a2"])
+        await alice.text("notes").edit("alice wrote this.")
+        await alice.flush()
+        await until(lambda: bob.list("steps").to_list() == ["a1", "a2"])
+        await until(lambda: bob.text("notes").read() == "alice wrote this.")
+        await bob.list("steps").insert(1, "b1")
+        await bob.text("notes").insert(6, "and bob ")
+        await bob.flush()
+        await until(lambda: alice.list("steps").to_list() == ["a1", "b1", "a2"])
+        await until(lambda: alice.text("notes").read() == "alice and bob wrote this.")
+        want = (
+            ["alice", "bob", "alice"],
+            [("alice ", "alice"), ("and bob ", "bob"), ("wrote this.", "alice")],
+        )
+        assert authors(alice) == want
+        assert authors(bob) == want
+        async with (
+            crdtstore.open_store(running.store_url, tenant=WS_TENANT) as store,
+            store.open_record(WS_RUN, "reader") as again,
+        ):
             assert authors(again) == want
