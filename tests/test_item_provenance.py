@@ -194,3 +194,23 @@ async def test_authorship_of_part_of_a_text() -> None:
             assert notes.authorship(40) == [] and notes.authorship(5, 5) == []
             with pytest.raises(crdtstore.InvalidValue):
                 notes.authorship("0")  # type: ignore[arg-type]
+
+
+async def test_spans_inside_one_block_of_non_ascii_text() -> None:
+    """yrs merges one writer's consecutive typing into one block; pycrdt's sticky index
+    counts UTF-8 bytes into it where clocks count UTF-16 units: each character's entry is
+    still found (here the last one's bytes would point past the block, at a later entry)."""
+    async with crdtstore.open_store("memory://") as store:
+        async with store.open_record("r", agent="alice") as a:
+            notes = a.text("notes")
+            await notes.append("é😀é")  # seq 1
+            await notes.append("x")  # seq 2: typed after it, merged into its block
+            await notes.insert(0, "yyyyyyyy")  # seq 3, 4, ...: later entries elsewhere
+            await notes.insert(0, "zzzzzzzz")
+            await a.flush()
+            got = [(s.text, s.provenance and s.provenance.seq) for s in notes.authorship()]
+            assert got == [("zzzzzzzz", 4), ("yyyyyyyy", 3), ("é😀é", 1), ("x", 2)]
+        async with store.open_record("r", agent="bob") as b:  # the same on another replica
+            assert [
+                (s.text, s.provenance and s.provenance.seq) for s in b.text("notes").authorship()
+            ] == got

@@ -24,7 +24,7 @@ from crdtstore.record import BulkLoad, Replica, tree_merge
 from crdtstore.record._item_provenance import item_id, text_authorship
 from crdtstore.record._provenance import Meta
 
-ALPHABETS = ("abc", "DEF", "ghi", "JKL", "mnoé", "PQ😀")
+ALPHABETS = ("abé", "DE😀", "ghß", "JKΩ", "mnoü", "PQ€")  # each with a multi-byte character
 
 
 class Sim:
