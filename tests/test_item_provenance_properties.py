@@ -7,6 +7,8 @@ replica writes text from its own alphabet and list values unique to it, so the a
 every item and character is known from its content. At the end: every replica converges, no
 item is lost, and per-item and per-span provenance is the same on every replica, names the
 right writer, and survives a resume (bulk replay) and a compaction (snapshot state + tail).
+A relay journals merged updates of recent entries again (items the journal holds already):
+they stay attributed to the entry that first brought them.
 """
 
 from __future__ import annotations
@@ -106,6 +108,17 @@ class Sim:
             r.journaled(ops, meta, seq)
         self.pending[i] = []
 
+    def resend(self, k: int) -> None:
+        """A relay journals the merged updates of the last ``k`` entries again (as a Yjs
+        client's sync step 2 may carry items the journal holds): first entry wins."""
+        if not self.rows:
+            return
+        recent = self.rows[-(k + 1) :]
+        update = tree_merge([row.update for row in recent])
+        effect = [op for row in recent for op in row.effect]
+        seq = len(self.rows) + 1
+        self.rows.append(Row(seq, "relay", "system", 0, 0.0, update, effect, checksum(update)))
+
     def read(self, i: int, again: int = 0) -> None:
         """Replica ``i`` takes in the journal's new entries (and ``again`` old ones)."""
         r = self.replicas[i]
@@ -130,7 +143,9 @@ def provenance_of(r: Replica) -> tuple[list[Any], list[Any], list[Any]]:
 
 
 step = st.tuples(
-    st.sampled_from(["append", "insert", "ldel", "tins", "tins", "tdel", "commit", "read"]),
+    st.sampled_from(
+        ["append", "insert", "ldel", "tins", "tins", "tdel", "commit", "read", "resend"]
+    ),
     st.integers(0, 5),
     st.integers(0, 1000),
     st.integers(0, 4),
@@ -154,6 +169,8 @@ def test_item_and_span_provenance_converge_and_survive_resume_and_compaction(
             sim.commit(i)
         elif kind == "read":
             sim.read(i, again=size)  # (size: entries delivered again, duplicates)
+        elif kind == "resend":
+            sim.resend(size)
         else:
             sim.write(i, kind, pos, size)
     for i in range(n):
