@@ -15,7 +15,7 @@ row per entry that wrote list or text items (ranges, never one row per item or c
 
 Items are found by position through pycrdt's sticky indexes (:func:`item_id`,
 :func:`text_runs`), so reads cost a walk of the sequence, writes almost nothing. The index
-is exported beside a snapshot (``ProvenanceIndex.export_state``): it survives compaction and
+is exported beside a snapshot (``ReplicaDocument.export_state``): it survives compaction and
 resume.
 """
 
