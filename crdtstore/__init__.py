@@ -50,6 +50,7 @@ from ._models import Conflict as Conflict
 from ._models import HistoryEntry as HistoryEntry
 from ._models import Provenance as Provenance
 from ._models import Sibling as Sibling
+from ._models import Span as Span
 from ._models import Version as Version
 from ._semantics import CollectionSpec as CollectionSpec
 from ._semantics import check_effect as check_effect
@@ -120,6 +121,7 @@ __all__ = [
     "SchemaInvalid",
     "ScopedMap",
     "Sibling",
+    "Span",
     "StaleVersion",
     "Store",
     "StoreClosed",

@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from . import JournalEntry, Record, RunInfo
+from . import JournalEntry, Provenance, Record, RunInfo
 from ._cli_common import _clock, _fixed_but, _line, _short
 
 
@@ -83,9 +83,26 @@ def record_json(rec: Record, info: RunInfo) -> dict[str, Any]:
                 "max_value": c.max_value,
             }
         elif kind == "list":
-            collections[name] = {"kind": kind, "items": rec.list(name).to_list()}
+            lst = rec.list(name)
+            provs = lst.provenances()
+            agents.update(p.agent for p in provs if p is not None)
+            collections[name] = {
+                "kind": kind,
+                "items": lst.to_list(),
+                "item_provenance": [_prov_json(p) for p in provs],
+            }
         else:
-            collections[name] = {"kind": kind, "text": rec.text(name).read()}
+            txt = rec.text(name)
+            spans = txt.authorship()
+            agents.update(s.provenance.agent for s in spans if s.provenance is not None)
+            collections[name] = {
+                "kind": kind,
+                "text": txt.read(),
+                "authorship": [
+                    {"start": s.start, "end": s.end, "provenance": _prov_json(s.provenance)}
+                    for s in spans
+                ],
+            }
     return {
         "tenant": info.tenant,
         "run": info.run,
@@ -95,6 +112,17 @@ def record_json(rec: Record, info: RunInfo) -> dict[str, Any]:
         "agents": sorted(agents),
         "collections": collections,
     }
+
+
+def _prov_json(p: Provenance | None) -> dict[str, Any] | None:
+    return None if p is None else p.model_dump(exclude={"run"})
+
+
+def _by(p: Provenance | None) -> str:
+    """Who wrote a list item or a span of text, in a few characters."""
+    if p is None:
+        return "?"
+    return f"{p.agent} ({p.source}) #{'-' if p.seq is None else p.seq}"
 
 
 def _map_table(rec: Record, name: str, keys: list[str]) -> Table:
@@ -146,15 +174,25 @@ def record_tree(rec: Record, title: str, max_items: int = 20) -> Tree:
             for agent, part in c.contributions().items():
                 node.add(_line((f"{agent}: ", "dim"), str(part)))
         elif kind == "list":
-            items = rec.list(name).to_list()
+            lst = rec.list(name)
+            items = lst.to_list()
             node = tree.add(Text.assemble((name, "bold cyan"), f"  list, {len(items)} items"))
             for i, item in enumerate(items[:limit]):
-                node.add(_line((f"[{i}] ", "dim"), _short(item, 200)))
+                by = _by(lst.provenance(i))
+                node.add(_line((f"[{i}] ", "dim"), _short(item, 200), (f"  ({by})", "dim")))
             more(node, len(items[:limit]), len(items), "items")
         else:
-            lines = rec.text(name).read().splitlines()
+            txt = rec.text(name)
+            text, spans = txt.read(), txt.authorship()
+            lines = text.splitlines(keepends=True)
             node = tree.add(Text.assemble((name, "bold cyan"), f"  text, {len(lines)} lines"))
+            at = 0
             for line in lines[:limit]:
-                node.add(_line(line))
+                end = at + len(line)
+                who = dict.fromkeys(
+                    _by(sp.provenance) for sp in spans if sp.end > at and sp.start < end
+                )
+                node.add(_line(line.rstrip("\r\n"), (f"  ({', '.join(who)})", "dim")))
+                at = end
             more(node, len(lines[:limit]), len(lines), "lines")
     return tree

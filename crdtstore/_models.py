@@ -26,6 +26,22 @@ class Provenance(BaseModel):
     call: str | None = None
 
 
+class Span(BaseModel):
+    """A span of a text written by one journal entry (``TextCollection.authorship``).
+
+    ``start`` and ``end`` are character indices of the text as it reads now (``end``
+    exclusive), ``text`` the characters; ``provenance`` the entry that wrote them (None for
+    characters applied without provenance).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    start: int
+    end: int
+    text: str
+    provenance: Provenance | None
+
+
 class HistoryEntry(BaseModel):
     """One write to a map key, read from the journal."""
 

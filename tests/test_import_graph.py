@@ -205,6 +205,7 @@ RECORD_LAYERS = [
     "_effects",
     "_replay",
     "_document",
+    "_item_provenance",
     "_provenance",
     "_textdiff",
 ]

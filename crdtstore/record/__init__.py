@@ -24,6 +24,7 @@ tests/test_import_graph.py) and crdtstore's lower layers (``_journal``, ``_seman
       _external       foreign updates and their effect (with _effects)
       _replay         journal entries applied one by one; BulkLoad, tree_merge (snapshots)
       _document       the Doc, the registry, local transactions (the pycrdt fast path)
+      _item_provenance  who brought each list item and text span (item id ranges)
       _provenance     Meta and the provenance index
     _textdiff       text_diff, apply_text_edits (pure)
 

@@ -15,15 +15,17 @@ from pydantic import BaseModel
 
 from .._errors import InvalidValue
 from .._journal import Op
-from .._models import Version
+from .._models import Span, Version
 from .._semantics import validate_value
 from .._values import encodable, from_stored, to_stored
 from ._document import list_values
+from ._item_provenance import item_id, text_authorship, to_provenance
 from ._textdiff import apply_text_edits, text_diff
 
 if TYPE_CHECKING:
     from .._leases import Lease
     from .._models import HistoryEntry, Provenance
+    from ._replica import Replica
 
 _MISSING: Any = object()
 
@@ -36,6 +38,8 @@ class CollectionHost(Protocol):
     run: str
     agent: str  # provenance of keep_all siblings
     source: str
+    replica: Replica  # (its item provenance index: ListCollection.provenance, authorship)
+    _jrun: str  # the run whose journal holds the record
 
     @property
     def _models(self) -> Mapping[str, type[BaseModel]]:
@@ -146,6 +150,31 @@ class ListCollection(_Collection):
         validate = model.__pydantic_validator__.validate_python
         return [validate(v) for v in values]
 
+    def provenance(self, index: int) -> Provenance | None:
+        """Who added the item at ``index`` (negative counts from the end): the agent, source
+        kind, wall time and journal position of the entry that wrote it, the same on every
+        replica and after resume and compaction (``seq`` None while that entry is not
+        journaled; None for an item applied without provenance).
+
+        Raises:
+            IndexError: ``index`` out of range. InvalidValue: not an int.
+        """
+        index = self._check_index(index, end=False)
+        ident = item_id(self._root, index)
+        if ident is None:
+            return None
+        return to_provenance(self._rec.replica.items.meta(*ident), self._rec._jrun)
+
+    def provenances(self) -> list[Provenance | None]:
+        """:meth:`provenance` of every item, in list order."""
+        items, run, root = self._rec.replica.items, self._rec._jrun, self._root
+        out: list[Provenance | None] = []
+        with root.doc.transaction():
+            for i in range(len(root)):
+                ident = item_id(root, i)
+                out.append(None if ident is None else to_provenance(items.meta(*ident), run))
+        return out
+
     def _check_index(self, index: int, *, end: bool) -> int:
         if type(index) is not int:
             raise InvalidValue(f"list index must be an int, not {type(index).__name__}")
@@ -218,6 +247,24 @@ class TextCollection(_Collection):
 
     def __len__(self) -> int:
         return len(str(self._root))
+
+    def authorship(self, start: int = 0, end: int | None = None) -> list[Span]:
+        """Who wrote every part of the text: the maximal spans written by one journal entry
+        each, in text order, covering characters ``start`` to ``end`` (default: the whole
+        text; clipped to it), see :class:`~crdtstore.Span`; the same on every replica and
+        after resume and compaction. Costs a pycrdt sticky index per character (a walk of
+        the text each), not a read of the journal.
+
+        Raises:
+            InvalidValue: ``start`` or ``end`` is not an int.
+        """
+        if type(start) is not int or (end is not None and type(end) is not int):
+            raise InvalidValue("authorship start and end must be ints")
+        items, run = self._rec.replica.items, self._rec._jrun
+        return [
+            Span(start=s, end=e, text=t, provenance=p)
+            for s, e, t, p in text_authorship(self._root, items, run, start, end)
+        ]
 
     async def edit(self, new_text: str) -> None:
         """Make the text equal ``new_text`` by the minimal character edits.

@@ -22,6 +22,7 @@ from .._errors import CollectionKindMismatch, InvalidUpdate, PayloadTooLarge
 from .._journal import NewEntry, Op, checksum
 from .._values import from_stored
 from ..codec import Decoded, check_update_counts, decode_update
+from ._item_provenance import ItemIndex
 from ._provenance import Meta, ProvenanceIndex
 
 REGISTRY = "__crdtstore_collections"
@@ -135,6 +136,29 @@ class ReplicaDocument(ProvenanceIndex):
         self._wtxn: Any = None  # the transaction object local_set reuses (see there)
         self.partial_update: bytes | None = None
         self._capture: Any = self.capture_transactions()
+        self.items = ItemIndex()  # who brought each list or text item
+        self._txn_items: Meta | None = None  # the open transaction wrote items (see do())
+
+    def export_state(self) -> dict[str, Any]:
+        state = super().export_state()
+        state["items"] = self.items.export()
+        return state
+
+    def import_state(self, state: dict[str, Any]) -> None:
+        super().import_state(state)
+        self.items.load(state.get("items"))
+
+    def journaled(self, ops: list[Op], meta: Meta, seq: int) -> None:
+        super().journaled(ops, meta, seq)
+        if self.items.unjournaled:
+            self.items.journaled(meta, seq)
+
+    def journaled_many(self, batch: Any, seqs: Any) -> None:
+        super().journaled_many(batch, seqs)
+        if self.items.unjournaled:
+            journaled = self.items.journaled
+            for (_, _, meta), seq in zip(batch, seqs, strict=True):
+                journaled(meta, seq)
 
     def capture_transactions(self) -> Any:
         """Observe this replica's document for the capture (:meth:`_on_transaction`): on the
@@ -241,6 +265,8 @@ class ReplicaDocument(ProvenanceIndex):
                 if keys is None:
                     keys = index[op[1]] = {}
                 keys[op[3]] = meta
+            else:
+                self._txn_items = meta
 
     def end(self) -> bytes | None:
         """Commit the local transaction; return its update (None when nothing changed).
@@ -255,6 +281,9 @@ class ReplicaDocument(ProvenanceIndex):
         finally:
             self._capturing = False
         update, self._captured = self._captured, None
+        meta, self._txn_items = self._txn_items, None
+        if update is not None and meta is not None:
+            self.items.local(update, meta)
         return update
 
     def local(self, ops: list[Op], apply: Callable[[], None], meta: Meta) -> bytes | None:
@@ -282,13 +311,18 @@ class ReplicaDocument(ProvenanceIndex):
         finally:
             self._capturing = False
         index = self.index
+        items = False
         for op in ops:
             if op[0] == "map":
                 keys = index.get(op[1])
                 if keys is None:
                     keys = index[op[1]] = {}
                 keys[op[3]] = meta
+            else:
+                items = True
         update, self._captured = self._captured, None
+        if items and update is not None:
+            self.items.local(update, meta)
         return update
 
     def local_set(self, root: Any, ops: list[Op], meta: Meta) -> bytes | None:

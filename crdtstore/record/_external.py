@@ -37,6 +37,7 @@ from ._effects import (
     _text_effect,
     _within,
 )
+from ._item_provenance import touches_items
 from ._provenance import Meta
 from ._replay import JournalReplay
 
@@ -137,7 +138,10 @@ class ExternalUpdates(JournalReplay):
         lists_or_texts = "list" in kinds_held or "text" in kinds_held
         plan = None if decoded is None else self._plan(decoded, lists_or_texts)
         if plan is None:
-            return self._apply_observed(update, meta, before, register=register)
+            observed = self._apply_observed(update, meta, before, register=register)
+            if meta is not None and observed[1] is not None and touches_items(observed[0]):
+                self.items.foreign(observed[1], meta)  # (what the document took in)
+            return observed
         refs, fresh, others, registry_touched = plan
         ops: list[Op] = []
         texts_after: dict[str, tuple[str, int] | None] = {}
@@ -176,6 +180,8 @@ class ExternalUpdates(JournalReplay):
             delta = registered if delta is None else merge_updates(delta, registered)
         changed = registry_touched or registered is not None
         self._after_external(ops, before, kinds, changed, cached, texts_after, meta)
+        if meta is not None and delta is not None and touches_items(ops):
+            self.items.foreign(delta, meta)  # (only what the document took in)
         if map_ops:
             ops[:0] = map_ops
         return ops, delta

@@ -88,6 +88,7 @@ class JournalReplay(ReplicaDocument):
         never corrupts earlier entries).
         """
         touched: dict[tuple[str, str], list[tuple[Op, Row]]] = {}
+        applied: list[Row] = []  # (for the item provenance index)
         coll_seq = self.coll_seq
         doc = self.doc
         with doc.transaction() as txn:
@@ -116,6 +117,7 @@ class JournalReplay(ReplicaDocument):
                     self.head = row.seq
                 effect = row.effect
                 if effect:
+                    applied.append(row)
                     for op in effect:
                         coll_seq[op[1]] = row.seq
                         if op[0] == "map":
@@ -124,6 +126,8 @@ class JournalReplay(ReplicaDocument):
                                 touched[(op[1], op[3])] = [(op, row)]
                             else:
                                 writes.append((op, row))
+            if applied:
+                self.items.applied_rows(applied)
             if not touched:
                 return
             winners = self._winners(touched, txn._txn)
@@ -272,6 +276,7 @@ class BulkLoad:
                     self._every_write = True
                     continue
                 applied.append(row)
+        replica.items.applied_rows(applied)
         pending, coll_seq = self._pending, replica.coll_seq
         for row in applied:
             if row.seq > replica.head:

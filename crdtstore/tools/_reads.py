@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from .._errors import PolicyViolation
-from .._models import Change, Conflict
+from .._models import Change, Conflict, Provenance
 from .._names import check_name
 from . import _args as A
 from ._results import (
@@ -189,7 +189,8 @@ class Reads:
         return out
 
     def _list_page(self, collection: str, cursor: str | None) -> dict[str, Any]:
-        items = self.record.list(collection).to_list()
+        lst = self.record.list(collection)
+        items = lst.to_list()
         version = self._coll_version(collection)
         out: dict[str, Any] = {"collection": collection, "kind": "list"}
         start = 0
@@ -203,6 +204,7 @@ class Reads:
             item: dict[str, Any] = {"index": i, "value": jsonable(items[i])}
             if tokens_of(item) > self.max_result_tokens // 2:
                 item = {"index": i, "value_omitted": "too large for a page"}
+            item["provenance"] = _positioned(lst.provenance(i))  # who added it
             if not page.add(item):
                 break
         end = start + len(page.items)
@@ -215,7 +217,8 @@ class Reads:
         return out
 
     def _text_page(self, collection: str, cursor: str | None) -> dict[str, Any]:
-        text = self.record.text(collection).read()
+        handle = self.record.text(collection)
+        text = handle.read()
         version = self._coll_version(collection)
         out: dict[str, Any] = {"collection": collection, "kind": "text"}
         start = 0
@@ -229,11 +232,17 @@ class Reads:
         while chunk and tokens_of(chunk) > self.max_result_tokens - 60:
             chunk = chunk[: len(chunk) * 3 // 4]
         end = start + len(chunk)
+        # who wrote each part of the chunk: spans of one journal entry, clipped to it
+        spans = [
+            {"start": span.start, "end": span.end, "provenance": _positioned(span.provenance)}
+            for span in handle.authorship(start, end)
+        ]
         out.update(
             version=version,
             length=len(text),
             offset=start,
             text=chunk,
+            authorship=spans,
             next_cursor=encode_cursor("text", end, version) if end < len(text) else None,
         )
         return out
@@ -410,6 +419,15 @@ def _by_seq(changes: list[Change]) -> Iterable[tuple[int, list[Change]]]:
         group.append(ch)
     if group:
         yield seq or 0, group
+
+
+def _positioned(p: Provenance | None) -> dict[str, Any] | None:
+    """:func:`provenance` with the journal position of the entry (``seq``; None while it is
+    not journaled): a list item's or a text span's, which no version names."""
+    out = provenance(p)
+    if out is not None and p is not None:
+        out["seq"] = p.seq
+    return out
 
 
 def _op_summary(op: tuple[Any, ...]) -> list[Any]:

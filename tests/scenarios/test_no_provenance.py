@@ -4,7 +4,9 @@ wrote a statement.
 Every value of a map can be asked who wrote it (agent, source kind, wall time, run, journal
 position) with ``provenance(key)``, and every write to a key, overwritten ones included, with
 ``history``; the answers agree with the journal, in every replica, after a resume from the
-journal (reopening the store file) and after compaction.
+journal (reopening the store file) and after compaction. So can every list item
+(``list.provenance(i)``) and every span of a text (``text.authorship()``), including those
+that arrive as raw update bytes.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pycrdt import Doc, Map
+from pycrdt import Array, Doc, Map, Text
 
 import crdtstore
 from crdtstore import JournalEntry, Provenance
@@ -218,3 +220,80 @@ async def test_value_merged_through_apply_update_is_attributed_to_its_applier() 
         "history": [("team-a", "planner"), ("team-b", "alice")],
         "resumed": ("alice", "user"),
     }
+
+
+def check_item(prov: Provenance | None, wrote: Any, journal: dict[int, JournalEntry]) -> str:
+    """``prov`` names a journal entry, by that agent at that time, whose effect inserted
+    ``wrote`` (a list value, or characters of a text); return its agent."""
+    assert prov is not None and prov.seq in journal, wrote
+    entry = journal[prov.seq]
+    assert (entry.agent, entry.source, entry.wall_time) == (prov.agent, prov.source, prov.wall_time)
+    inserted = [op[4] for op in entry.effect if op[2] == "ins"]
+    assert any(wrote in (x if isinstance(x, str) else map(from_stored, x)) for x in inserted), (
+        f"entry {prov.seq} did not insert {wrote!r}"
+    )
+    return prov.agent
+
+
+async def test_every_list_item_and_text_span_says_who_wrote_it(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/store.db"
+    async with crdtstore.open_store(url) as store, AsyncExitStack() as stack:
+        recs = {
+            a: await stack.enter_async_context(store.open_record(run=RUN, agent=a, source=s))
+            for a, s in WRITERS.items()
+        }
+        tool, model, user = recs["fetcher"], recs["planner"], recs["alice"]
+        await tool.list("log").append("p99 is 2000 ms")  # a measurement
+        await tool.text("report").edit("Latency: p99 2000 ms.\n")
+        await tool.flush()
+        await model.sync()
+        await model.list("log").insert(0, "the cache is cold")  # an inference, before it
+        await model.text("report").insert(0, "Cause: cold cache.\n")
+        await model.flush()
+        await user.sync()
+        # alice edits in a Yjs editor; its update reaches the record as bytes
+        editor = Doc()
+        editor.apply_update(user.replica.doc.get_update())
+        editor.get("log", type=Array).append("priority: high")
+        editor.get("report", type=Text).insert(0, "Decision: page team-a.\n")
+        await user.apply_update(editor.get_update(user.replica.doc.get_state()))
+        for rec in recs.values():
+            await rec.flush()
+        for rec in recs.values():
+            await rec.sync()
+        journal = await journal_of(store)
+        want_items = ["the cache is cold", "p99 is 2000 ms", "priority: high"]
+        want_lines = {
+            "Decision: page team-a.\n": "alice",
+            "Cause: cold cache.\n": "planner",
+            "Latency: p99 2000 ms.\n": "fetcher",
+        }
+        answers = []
+        for rec in recs.values():  # every replica: the writer's own and the others
+            log, report = rec.list("log"), rec.text("report")
+            assert log.to_list() == want_items
+            agents = [check_item(log.provenance(i), log[i], journal) for i in range(len(log))]
+            assert agents == ["planner", "fetcher", "alice"]
+            spans = report.authorship()
+            assert "".join(s.text for s in spans) == report.read()
+            for span in spans:
+                check_item(span.provenance, span.text, journal)
+            assert {s.text: s.provenance and s.provenance.agent for s in spans} == want_lines
+            answers.append((log.provenances(), spans))
+        assert all(a == answers[0] for a in answers)
+
+        # negative control: the journal's per-entry effect does not answer it by position:
+        # the tool's entry says it inserted at index 0, where the model's item is now
+        (tool_entry,) = [e for e in journal.values() if e.effect[0][:2] == ["list", "log"]][:1]
+        assert tool_entry.effect[0][3] == 0 and tool.list("log")[0] != tool_entry.effect[0][4][0]
+
+    async def same(store: crdtstore.Store) -> None:
+        async with store.open_record(run=RUN, agent="auditor", source="system") as rec:
+            assert (rec.list("log").provenances(), rec.text("report").authorship()) == answers[0]
+
+    async with crdtstore.open_store(url) as store:  # resume from the journal
+        await same(store)
+        await store.compact(RUN, drop_journal=True)  # and from a snapshot alone
+    async with crdtstore.open_store(url) as store:
+        assert await store.journal(RUN) == []
+        await same(store)
