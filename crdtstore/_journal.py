@@ -309,6 +309,15 @@ class JournalBackend(ABC):
     async def delete_run(self, tenant: str, run: str) -> bool:
         """Remove every byte of the run and of its nested runs; return whether it existed."""
 
+    async def rewrite_entries(self, tenant: str, run: str, rows: Sequence[Row]) -> None:
+        """Replace, in one transaction, the update, effect and checksum of the entries at the
+        positions of ``rows`` (every other field and every other entry stays; a position no
+        longer in the journal is ignored), so that their old bytes leave the storage: the
+        redaction that keeps the audit trail (``Store.redact``). The default refuses."""
+        from ._errors import UnsupportedOperation
+
+        raise UnsupportedOperation(self.name, "rewrite_entries")
+
     @abstractmethod
     async def get_config(self, tenant: str, run: str) -> dict[str, Any]:
         """The run's declarations (collection specs, ...) as JSON; ``{}`` if none."""

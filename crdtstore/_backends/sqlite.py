@@ -472,6 +472,19 @@ class SQLiteJournal(_LoopPath, JournalBackend):
         )
         return _rows(raw)
 
+    async def rewrite_entries(self, tenant: str, run: str, rows: Sequence[Row]) -> None:
+        rid = await self._run_id(tenant, run)
+        params = [(r.update, _dumps(r.effect), r.checksum, rid, r.seq) for r in rows]
+
+        def tx(db: sqlite3.Connection) -> None:
+            db.executemany(
+                "UPDATE journal SET upd = ?, effect = ?, crc = ? WHERE run_id = ? AND seq = ?",
+                params,
+            )
+
+        await self._write(tx, durable=True)
+        await self.checkpoint()  # the old pages were zeroed (secure_delete); empty the WAL
+
     async def delete_run(self, tenant: str, run: str) -> bool:
         row = await self.get_run(tenant, run)
         if row is None:
