@@ -48,26 +48,18 @@ def marker(agent: str, reason: str, wall_time: float) -> dict[str, Any]:
 Target = tuple[int, int, int]  # (client, clock, length)
 
 
-def _coalesce(ids: list[tuple[int, int]]) -> list[Target]:
-    out: list[Target] = []
-    for client, clock in sorted(ids):
-        if out and out[-1][0] == client and out[-1][1] + out[-1][2] == clock:
-            out[-1] = (client, out[-1][1], out[-1][2] + 1)
-        else:
-            out.append((client, clock, 1))
-    return out
-
-
-def _item_id(shared: Any, index: int) -> tuple[int, int]:
-    item = shared.sticky_index(index).to_json()["item"]
-    return int(item["client"]), int(item["clock"])
+def _deleted(updates: list[bytes]) -> list[Target]:
+    return [d for u in updates for d in decode_update(u).deletes]
 
 
 async def delete_live(
     rec: Record, kind: str, collection: str, key: str | None, index: int | None, span: Any
 ) -> tuple[list[Target], Any]:
-    """Delete the value through ``rec``; return the ids of its list/text items (none for a
-    map key: those are found in the journal) and the value deleted (None if absent)."""
+    """Delete the value through ``rec``; return the ids its deletion names (the delete sets
+    of the transactions meanwhile: an id of content deleted by another writer at the same
+    moment is blanked too, which changes no document) for a list item or a text span (none
+    for a map key: those are found in the journal), and the value deleted (None if absent).
+    """
     if kind == "map":
         assert key is not None
         m = rec.map(collection)
@@ -75,23 +67,26 @@ async def delete_live(
         if key in m:
             await m.delete(key)
         return [], value
-    if kind == "list":
-        assert index is not None
-        lst = rec.list(collection)
-        value = lst[index]  # IndexError when out of range
-        ids = [_item_id(lst._root, index)]
-        await lst.delete(index)
-        return _coalesce(ids), value
-    txt = rec.text(collection)
-    start, end = span
-    current = txt.read()
-    if not 0 <= start < end <= len(current):
-        raise IndexError(f"span {span!r} out of range for a text of {len(current)} characters")
-    at = len(current[:start].encode("utf-16-le")) // 2
-    units = len(current[start:end].encode("utf-16-le")) // 2
-    ids = [_item_id(txt._root, at + i) for i in range(units)]
-    await txt.delete(start, end - start)
-    return _coalesce(ids), current[start:end]
+    updates: list[bytes] = []
+    doc = rec.replica.doc
+    sub = doc.observe(lambda event: updates.append(event.update))
+    try:
+        if kind == "list":
+            assert index is not None
+            lst = rec.list(collection)
+            value = lst[index]  # IndexError when out of range
+            await lst.delete(index)
+        else:
+            txt = rec.text(collection)
+            start, end = span
+            current = txt.read()
+            if not 0 <= start < end <= len(current):
+                raise IndexError(f"span {span!r} out of range for a text of {len(current)}")
+            value = current[start:end]
+            await txt.delete(start, end - start)
+    finally:
+        doc.unobserve(sub)
+    return _deleted(updates), value
 
 
 def map_targets(index: KeyIndex, update: bytes, collection: str, key: str) -> list[Target]:
