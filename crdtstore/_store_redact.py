@@ -26,8 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._errors import InvalidValue
 from ._journal import Row, checksum
-from .codec import KeyIndex, decode_update
-from .codec._redact import blank_items
+from .codec import KeyIndex, blank_items, decode_update
 
 if TYPE_CHECKING:
     from .record._record import Record
