@@ -110,8 +110,9 @@ def redact_effect(
 ) -> list[Any]:
     """``effect`` with the redacted value replaced by ``mark``: a map op of the key; in an
     entry whose update carried the value (``touched``), list values equal to it and text
-    inserts holding it (the span's characters become U+2588, the marker is added as the
-    op's sixth element)."""
+    inserts holding one of the strings of ``value`` (for text: the span and the pieces the
+    entry carried, longest first; their characters become U+2588 and the marker is added as
+    the op's sixth element)."""
     out: list[Any] = []
     for op in effect:
         if op[0] == "map" and kind == "map" and op[1] == collection and op[2] == "set":
@@ -120,8 +121,11 @@ def redact_effect(
         elif touched and op[0] == kind and op[1] == collection and op[2] == "ins":
             if kind == "list":
                 op = [*op[:4], [mark if v == value else v for v in op[4]]]
-            elif isinstance(op[4], str) and value and value in op[4]:
-                op = [*op[:4], op[4].replace(value, "\u2588" * len(value)), mark]
+            elif isinstance(op[4], str) and any(piece in op[4] for piece in value):
+                text = op[4]
+                for piece in value:  # the longest first
+                    text = text.replace(piece, "\u2588" * len(piece))
+                op = [*op[:4], text, mark]
         out.append(op)
     return out
 
@@ -144,8 +148,19 @@ def rewrite_rows(
             targets = map_targets(index, row.update, collection, key) if row.update else []
         else:
             targets = ids
-        update, blanked = blank_items(row.update, targets) if targets else (row.update, 0)
-        effect = redact_effect(row.effect, kind, collection, key, value, mark, blanked > 0)
+        texts: list[str] = []
+        update, blanked = blank_items(row.update, targets, texts) if targets else (row.update, 0)
+        # (a text span typed in pieces: each entry's effect loses the pieces it carried)
+        found = sorted({t for t in [value, *texts] if isinstance(t, str) and t}, key=len)
+        effect = redact_effect(
+            row.effect,
+            kind,
+            collection,
+            key,
+            found[::-1] if kind == "text" else value,
+            mark,
+            blanked > 0,
+        )
         if blanked or effect != row.effect:
             out.append(row._replace(update=update, effect=effect, checksum=checksum(update)))
     return out

@@ -255,3 +255,24 @@ def test_resume_from_rewritten_updates_equals_the_live_doc(
     for u in updates + rewritten:
         both.apply_update(u)
     assert str(both.get("t", type=Text)) == str(txt)
+
+
+async def test_a_span_typed_in_pieces_leaves_none_of_them_in_the_effects() -> None:
+    """A secret typed by two agents in three edits: every entry keeps its agent, none keeps
+    a piece of the secret in its update or effect, the text around it stays."""
+    async with crdtstore.open_store("memory://redact-pieces") as store:
+        async with store.open_record(run="r", agent="a") as rec:
+            await rec.text("t").edit("id: PIECE")
+        async with store.open_record(run="r", agent="b") as rec:
+            await rec.text("t").edit("id: PIECE-WISE-SEC")
+            await rec.text("t").edit("id: PIECE-WISE-SECRET; ok")
+        start = len("id: ")
+        secret = "PIECE-WISE-SECRET"
+        await store.redact("r", "t", span=(start, start + len(secret)), agent="dpo")
+        entries = await store.journal("r")
+        assert [e.agent for e in entries] == ["a", "b", "b", "dpo", "dpo"]
+        for e in entries:
+            for piece in ("PIECE", "WISE", "SEC", "RET"):
+                assert piece.encode() not in e.update and piece not in str(e.effect), e
+        async with store.open_record(run="r", agent="c", create=False) as rec:
+            assert rec.text("t").read() == "id: ; ok"

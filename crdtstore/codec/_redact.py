@@ -110,22 +110,25 @@ def _write_piece(
         out += raw
 
 
-def blank_items(update: bytes, targets: Iterable[tuple[int, int, int]]) -> tuple[bytes, int]:
+def blank_items(
+    update: bytes, targets: Iterable[tuple[int, int, int]], texts: list[str] | None = None
+) -> tuple[bytes, int]:
     """``update`` with the content of the ids ``(client, clock, length)`` of ``targets``
     that it carries replaced by ``ContentDeleted`` and added to its delete set; and how many
-    ids it blanked (0: the update is returned unchanged).
+    ids it blanked (0: the update is returned unchanged). The strings blanked (pieces of
+    ``ContentString``) are appended to ``texts`` when given.
 
     Raises:
         CodecError: the bytes are not a v1 update.
     """
     chosen = _ranges(targets)
     try:
-        return _blank(update, chosen)
+        return _blank(update, chosen, [] if texts is None else texts)
     except IndexError:
         raise CodecError("unexpected end of update") from None
 
 
-def _blank(data: bytes, chosen: Ranges) -> tuple[bytes, int]:
+def _blank(data: bytes, chosen: Ranges, texts: list[str]) -> tuple[bytes, int]:
     r = Decoder(data)
     out = bytearray()
     blanked: list[tuple[int, int, int]] = []
@@ -190,6 +193,10 @@ def _blank(data: bytes, chosen: Ranges) -> tuple[bytes, int]:
                 if blank:
                     _uint(body, e - s)
                     blanked.append((client, s, e - s))
+                    if isinstance(units, str):
+                        utf16 = units.encode("utf-16-le")
+                        piece = utf16[2 * (s - clock) : 2 * (e - clock)]
+                        texts.append(piece.decode("utf-16-le", "replace"))
                 else:
                     _write_piece(body, ref, units, raw, s - clock, e - clock)
                 count += 1
