@@ -16,13 +16,23 @@ from . import JournalEntry, Provenance, Record, RunInfo
 from ._cli_common import _clock, _fixed_but, _line, _short
 
 
+def _shown(value: Any) -> str:
+    """A value as a summary shows it; a redacted one as who redacted it (and why)."""
+    if type(value) is dict and len(value) == 1 and "$redacted" in value:
+        note = value["$redacted"] if type(value["$redacted"]) is dict else {}
+        why = f": {note['reason']}" if note.get("reason") else ""
+        return f"<redacted by {note.get('agent', '?')}{why}>"
+    return _short(value, 40)
+
+
 def _op_summary(op: list[Any]) -> str:
     kind, name, what = op[0], op[1], op[2]
+    if what == "redact":  # [kind, collection, "redact", key or index, reason]
+        why = f" ({op[4]})" if len(op) > 4 and op[4] else ""
+        return f"redact {name}[{op[3]!r}]{why}"
     if kind == "map":
         return (
-            f"{name}[{op[3]!r}] = {_short(op[4], 40)}"
-            if what == "set"
-            else (f"del {name}[{op[3]!r}]")
+            f"{name}[{op[3]!r}] = {_shown(op[4])}" if what == "set" else (f"del {name}[{op[3]!r}]")
         )
     if kind == "list":
         if what == "ins":
@@ -30,7 +40,8 @@ def _op_summary(op: list[Any]) -> str:
         return f"{name} -{op[4]} item{'s' if op[4] != 1 else ''} @{op[3]}"
     if kind == "text":
         if what == "ins":
-            return f"{name} +{len(op[4])} chars @{op[3]}"
+            redacted = f" {_shown(op[5])}" if len(op) > 5 else ""
+            return f"{name} +{len(op[4])} chars @{op[3]}{redacted}"
         return f"{name} -{op[4]} chars @{op[3]}"
     return _short(op, 40)  # pragma: no cover - an effect of a newer version
 

@@ -374,6 +374,7 @@ class Store(_RunLifecycle, _Compaction):
         """Every journaled write to ``collection[key]`` of ``run``, oldest first."""
         await self.run_info(run)
         from ._models import Provenance
+        from ._store_redact import is_marker
         from ._values import from_stored
 
         out = []
@@ -381,7 +382,11 @@ class Store(_RunLifecycle, _Compaction):
         seen = {row.seq for row in rows}
         config = await self._backend.get_config(self.tenant, run)
         for note in config.get("redactions", []):
-            if (note["collection"], note["key"]) == (collection, key) and note["seq"] not in seen:
+            if (
+                note.get("kind", "map") == "map"
+                and (note["collection"], note["key"]) == (collection, key)
+                and note["seq"] not in seen
+            ):
                 effect = [["map", collection, "redact", key, note.get("reason", "")]]
                 rows.append(
                     Row(
@@ -409,12 +414,14 @@ class Store(_RunLifecycle, _Compaction):
             for op in row.effect:
                 if op[0] == "map" and op[1] == collection and op[3] == key:
                     deleted = op[2] != "set"  # "del", or "redact" (the value is gone)
+                    # a set whose value was redacted since: the write stays, its value not
+                    blanked = not deleted and is_marker(op[4])
                     out.append(
                         HistoryEntry(
-                            value=None if deleted else from_stored(op[4]),
+                            value=None if deleted or blanked else from_stored(op[4]),
                             deleted=deleted,
                             provenance=prov,
-                            redacted=op[2] == "redact",
+                            redacted=op[2] == "redact" or blanked,
                         )
                     )
         return out

@@ -133,32 +133,88 @@ class _RunLifecycle:
         return deleted
 
     async def redact(
-        self, run: str, collection: str, key: str, *, agent: str = "crdtstore", reason: str = ""
+        self,
+        run: str,
+        collection: str,
+        key: str | None = None,
+        *,
+        field: str | None = None,
+        index: int | None = None,
+        span: tuple[int, int] | None = None,
+        agent: str = "crdtstore",
+        reason: str = "",
     ) -> CompactionResult:
-        """Remove a value from the live record, from snapshots and from the journal, and
-        record the redaction (who, when, why) in the journal.
+        """Remove one value from the live record, from the snapshots and from the journal,
+        keeping every journal entry, and record the redaction (who, when, why).
 
-        The key is deleted through the record, then the journal is compacted into a snapshot
-        that no longer holds the value and the journal prefix that did is dropped (that part
-        of the audit trail goes with it), then a ``redact`` entry is appended. Records of the
-        run open in other processes keep what they hold in memory until they reopen.
+        Name the value with one of: ``key`` (a map key of map ``collection``), ``key`` and
+        ``field`` (field ``field`` of entry ``key`` of a ``merge="fields"`` map: the physical
+        key ``key + "\x1e" + field``), ``index=`` (the list item at that index now), or
+        ``span=(start, end)`` (characters ``start .. end - 1`` of the text now).
+
+        The value is deleted through a record (other processes holding the record apply the
+        delete and drop the value from memory), then every journal entry that carried it is
+        rewritten in place: its update with that content blanked (same clocks), its effect's
+        value replaced by ``{"$redacted": {"reason", "agent", "wall_time"}}``; so
+        ``history`` and ``crdtstore journal`` still list every write and its agent. A
+        ``redact`` entry is appended and the journal compacted into a fresh snapshot
+        without the value (see :mod:`crdtstore._store_redact`).
+
+        Raises:
+            InvalidValue: not exactly one of a key, ``index`` or ``span``, or a bad one.
+            IndexError: ``index`` or ``span`` out of range.
+            UnsupportedOperation: the backend cannot rewrite entries (``ws://``).
         """
+        from ._store_redact import check_target, delete_live, marker, rewrite_rows
+        from .codec import KeyIndex, decode_update
+
+        kind, physical = check_target(key, field, index, span)
         info = await self.run_info(run)
         root = info.run
         while info.parent is not None:
             info = await self.run_info(info.parent)
             root = info.run
         check_name("collection", collection)
-        check_key(key)
+        if key is not None:
+            check_key(key)
+        if physical is not None:
+            check_key(physical)
+        backend = self._backend
+        if type(backend).rewrite_entries is JournalBackend.rewrite_entries:
+            from ._errors import UnsupportedOperation
+
+            raise UnsupportedOperation(backend.name, "redact")
         async with self.open_record(
             root, agent, "system", durability="durable", create=False
         ) as rec:
-            await rec.map(collection).delete(key)
-        result = await self.compact(root, drop_journal=True)
-        marker = b"\x00\x00"  # an empty update: the entry only carries its effect
+            ids, value = await delete_live(rec, kind, collection, physical, index, span)
         now = time.time()
+        mark = marker(agent, reason, now)
+        keys = KeyIndex()
+        snap = await backend.load_snapshot(self.tenant, root)
+        if snap is not None and kind == "map":
+            keys.index(decode_update(snap.update))
+        del snap
+        rewritten = []
+        after = 0
+        while True:
+            rows = await backend.read(self.tenant, root, after)
+            if not rows:
+                break
+            rewritten += rewrite_rows(rows, keys, kind, collection, physical, ids, value, mark)
+            after = rows[-1].seq
+        await backend.rewrite_entries(self.tenant, root, rewritten)
+        empty = b"\x00\x00"  # an empty update: the entry only carries its effect
         origin = "" if run == root else run
-        (seq,) = await self._backend.append(
+        where: str | int
+        if physical is not None:
+            where = physical
+        elif span is not None:
+            where = span[0]
+        else:
+            assert index is not None
+            where = index
+        (seq,) = await backend.append(
             self.tenant,
             root,
             [
@@ -167,9 +223,9 @@ class _RunLifecycle:
                     "system",
                     0,
                     now,
-                    marker,
-                    [["map", collection, "redact", key, reason]],
-                    checksum(marker),
+                    empty,
+                    [[kind, collection, "redact", where, reason]],
+                    checksum(empty),
                     origin,
                 )
             ],
@@ -179,17 +235,22 @@ class _RunLifecycle:
         # journal prefix must not drop the record that a value was removed, and by whom
         note = {
             "seq": seq,
+            "kind": kind,
             "collection": collection,
-            "key": key,
+            "key": where,
             "agent": agent,
             "wall_time": now,
             "reason": reason,
             "run": origin or root,
         }
-        await self._backend.update_config(
+        await backend.update_config(
             self.tenant,
             root,
             lambda config: {**config, "redactions": [*config.get("redactions", []), note]},
         )
+        result = await self.compact(root)
+        checkpoint = getattr(backend, "checkpoint", None)
+        if checkpoint is not None:
+            await checkpoint()  # the old snapshot's pages were zeroed: empty the WAL too
         self._notifier.notify(self.tenant, root)
         return result

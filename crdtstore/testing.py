@@ -246,6 +246,40 @@ async def _call_ids_round_trip(b: JournalBackend) -> None:
     assert [r.call for r in got] == [e.call for e in many], "call ids of many entries"
 
 
+async def _rewrite_entries_in_place(b: JournalBackend) -> None:
+    """``rewrite_entries`` replaces the update, effect and checksum of the entries named,
+    in place: every position, agent and call stays, other entries and runs are untouched,
+    a position no longer in the journal is ignored (redaction, ``Store.redact``)."""
+    await b.ensure_run("t", "r", create=True)
+    await b.ensure_run("t", "other", create=True)
+    set_k: list[list[Any]] = [["map", "m", "set", "k", "secret"]]
+    await b.append("t", "r", [_entry(i, set_k, f"c{i}") for i in range(5)], durable=True)
+    await b.append("t", "other", [_entry(7, set_k)], durable=True)
+    before = await b.read("t", "r", 0)
+    blank = b"blanked"
+    marked: list[list[Any]] = [["map", "m", "set", "k", {"$redacted": {"agent": "dpo"}}]]
+    new = [
+        row._replace(update=blank, effect=marked, checksum=checksum(blank))
+        for row in before
+        if row.seq in (2, 4)
+    ]
+    await b.rewrite_entries("t", "r", [*new, before[0]._replace(seq=99)])
+    after = await b.read("t", "r", 0)
+    assert [(r.seq, r.agent, r.call, r.wall_time) for r in after] == [
+        (r.seq, r.agent, r.call, r.wall_time) for r in before
+    ], "a rewrite keeps every entry, its position, agent, call and time"
+    for row, old in zip(after, before, strict=True):
+        if row.seq in (2, 4):
+            assert (row.update, row.effect, row.checksum) == (blank, marked, checksum(blank))
+        else:
+            assert row == old, "an entry not named must not change"
+    assert [r.update for r in await b.history("t", "r", "m", "k")] == [r.update for r in after]
+    assert [r.update for r in await b.read("t", "other", 0)] == [b"update-7"]
+    assert await b.head("t", "r") == 5
+    await b.append("t", "r", [_entry(5)], durable=True)
+    assert [r.seq for r in await b.read("t", "r", 4)] == [5, 6], "appends go on after it"
+
+
 class _Abort(Exception):
     pass
 
@@ -260,6 +294,7 @@ _CHECKS = [
     _config_is_per_run_and_atomic,
     _authority_serialises_and_rolls_back,
     _call_ids_round_trip,
+    _rewrite_entries_in_place,
 ]
 
 
@@ -398,6 +433,7 @@ async def _a_server_operations_are_refused(b: JournalBackend, t: str, r: str) ->
         ("authority", lambda: b.authority(t, r, durable=True)),
         ("save_snapshot", lambda: b.save_snapshot(t, r, snapshot, drop_journal=True)),
         ("delete_run", lambda: b.delete_run(t, r)),
+        ("rewrite_entries", lambda: b.rewrite_entries(t, r, [])),
     ]
     for name, attempt in attempts:
         try:

@@ -343,9 +343,9 @@ def test_processes_compacting_while_others_tail(tmp_path: Path) -> None:
 async def test_replay_restarts_when_the_journal_is_dropped_under_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A redaction (compaction dropping the journal prefix) while a compaction reads the
-    journal: the reader starts again from the new snapshot instead of saving a newer snapshot
-    with a hole in it, which would also bring the redacted value back."""
+    """A compaction dropping the journal prefix (after a delete) while another compaction
+    reads the journal: the reader starts again from the new snapshot instead of saving a
+    newer snapshot with a hole in it, which would also bring the deleted value back."""
     import crdtstore._store_compaction as store_module
 
     monkeypatch.setattr(store_module, "READ_CHUNK", 10)
@@ -365,7 +365,11 @@ async def test_replay_restarts_when_the_journal_is_dropped_under_it(
             calls += 1
             rows = await read(tenant, run, after, *a, **kw)
             if calls == 1:  # the reader holds entries 1-10 (k5 among them)
-                await dropper.redact("r", "m", "k5")  # delete (41), snapshot, drop, mark (42)
+                async with dropper.open_record("r", "w", "tool") as rec2:
+                    await rec2.map("m").delete("k5")  # 41
+                await dropper.compact("r", drop_journal=True)  # snapshot at 41, 1-41 dropped
+                async with dropper.open_record("r", "w", "tool") as rec2:
+                    await rec2.map("m").set("z", "mark")  # 42
             return rows
 
         reader.backend.read = read_then_redact  # type: ignore[method-assign]
@@ -376,7 +380,8 @@ async def test_replay_restarts_when_the_journal_is_dropped_under_it(
         assert snap is not None and snap.seq == 42
         assert b"secret-five" not in snap.update
         async with reader.open_record("r", "x", "tool", create=False) as again:
-            assert again.map("m").to_dict() == {f"k{i}": i for i in range(40) if i != 5}
+            expected: dict[str, Any] = {f"k{i}": i for i in range(40) if i != 5}
+            assert again.map("m").to_dict() == {**expected, "z": "mark"}
 
 
 @pytest.mark.anyio

@@ -117,7 +117,12 @@ async def test_redaction_removes_the_value_everywhere_and_is_recorded(tmp_path: 
             assert rec.map("people")["p2"] == {"name": "Sam"}
             assert rec.list("log").to_list() == ["looked up Pat"]
             hist = await rec.history("people", "p1")
-            assert [(h.redacted, h.provenance.agent) for h in hist] == [(True, "dpo")]
+            # the write stays on record (by whom), its value replaced by the marker
+            assert [(h.redacted, h.deleted, h.provenance.agent) for h in hist] == [
+                (True, False, "a"),
+                (False, True, "dpo"),
+                (True, True, "dpo"),
+            ]
         for entry in await store.journal("r"):
             assert secret.encode() not in entry.update
             assert secret not in str(entry.effect)

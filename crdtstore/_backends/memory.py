@@ -277,6 +277,13 @@ class MemoryJournal(JournalBackend):
             if any(op[0] == "map" and op[1] == collection and op[3] == key for op in row.effect)
         ]
 
+    async def rewrite_entries(self, tenant: str, run: str, rows: Sequence[Row]) -> None:
+        r = self._run(tenant, run)
+        new = {row.seq: row for row in rows}
+        if new:
+            kept = [new.get(row.seq, row) for row in r.rows]
+            r.set_rows(kept, r.head)
+
     async def get_config(self, tenant: str, run: str) -> dict[str, Any]:
         return copy.deepcopy(self._run(tenant, run).config)
 

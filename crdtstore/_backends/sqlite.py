@@ -475,6 +475,19 @@ class SQLiteJournal(_LoopPath, JournalBackend):
     async def delete_run_if_due(self, tenant: str, run: str, now: float) -> bool:
         return await self._delete_run(tenant, run, now)
 
+    async def rewrite_entries(self, tenant: str, run: str, rows: Sequence[Row]) -> None:
+        rid = await self._run_id(tenant, run)
+        params = [(r.update, _dumps(r.effect), r.checksum, rid, r.seq) for r in rows]
+
+        def tx(db: sqlite3.Connection) -> None:
+            db.executemany(
+                "UPDATE journal SET upd = ?, effect = ?, crc = ? WHERE run_id = ? AND seq = ?",
+                params,
+            )
+
+        await self._write(tx, durable=True)
+        await self.checkpoint()  # the old pages were zeroed (secure_delete); empty the WAL
+
     async def delete_run(self, tenant: str, run: str) -> bool:
         return await self._delete_run(tenant, run, None)
 

@@ -7,9 +7,11 @@ messages on it). No I/O, no pycrdt.
 - :mod:`._v1`: state vectors, delete sets, update structs (:func:`root_kinds`,
   :func:`decode_update`), and :func:`check_update_counts` before pycrdt sees untrusted bytes.
 - :mod:`._keys`: :class:`KeyIndex`, which map entry an item id is.
+- :mod:`._redact`: :func:`blank_items`, an update with chosen items' content replaced by
+  ``ContentDeleted`` (same clocks): the rewriter of redaction.
 
-Layering: ``_keys`` -> ``_v1`` -> ``_lib0`` -> ``crdtstore._errors``. Decoding is strict
-(canonical varUints up to ``2**53 - 1``, no trailing bytes, valid UTF-8) and every failure
+Layering: ``_keys``, ``_redact`` -> ``_v1`` -> ``_lib0`` -> ``crdtstore._errors``. Decoding is
+strict (canonical varUints up to ``2**53 - 1``, no trailing bytes, valid UTF-8) and every failure
 is a :class:`CodecError`, an :class:`~crdtstore.InvalidUpdate` (so a ``ValueError``), except
 a length over a :class:`Decoder`'s ``max_length``: :class:`~crdtstore.PayloadTooLarge`.
 """
@@ -22,6 +24,7 @@ from ._lib0 import Encoder as Encoder
 from ._lib0 import decode_var_uint as decode_var_uint
 from ._lib0 import encode_var_uint as encode_var_uint
 from ._lib0 import read_var_uint_at as read_var_uint_at
+from ._redact import blank_items as blank_items
 from ._v1 import CONTENT_ANY as CONTENT_ANY
 from ._v1 import CONTENT_DELETED as CONTENT_DELETED
 from ._v1 import CONTENT_TYPE as CONTENT_TYPE
@@ -48,6 +51,7 @@ __all__ = [
     "Encoder",
     "KeyIndex",
     "MapItem",
+    "blank_items",
     "check_update_counts",
     "decode_delete_set",
     "decode_state_vector",

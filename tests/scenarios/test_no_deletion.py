@@ -41,17 +41,22 @@ async def test_deleted_and_expired_runs_and_redacted_values_leave_no_byte(
         # in the run that goes on, only the personal value is removed, on record
         await store.redact("ongoing", "contacts", "c1", agent="dpo", reason="erasure request")
         async with store.open_record(run="ongoing", agent="dpo", source="user") as rec:
-            await rec.text("notes").edit("called (redacted) twice\n")
-        await store.redact("ongoing", "contacts", "c1", agent="dpo", reason="text rewritten")
+            notes = rec.text("notes").read()
+        at = notes.index(f"ongoing:{PERSONAL}")
+        span = (at, at + len(f"ongoing:{PERSONAL}"))
+        await store.redact("ongoing", "notes", span=span, agent="dpo", reason="erasure request")
         await store.backend.vacuum()  # type: ignore[attr-defined]
 
         assert [r.run for r in await store.runs()] == ["ongoing"]
         async with store.open_record(run="ongoing", agent="auditor", create=False) as rec:
             assert rec.to_dict()["contacts"] == {"c2": {"who": "ongoing:someone else"}}
             history = await rec.history("contacts", "c1")
-            assert [(h.redacted, h.provenance.agent) for h in history] == [
-                (True, "dpo"),
-                (True, "dpo"),
+            # every write stays on record, by whom; the value is gone
+            assert [(h.redacted, h.provenance.agent, h.value) for h in history] == [
+                (True, "intake", None),
+                (False, "dpo", None),  # the delete
+                (True, "dpo", None),
             ]
+            assert rec.text("notes").read() == "called  twice\n"
     for run in ("finished", "expiring", "nested", "ongoing"):
         assert leftovers(tmp_path, f"{run}:{PERSONAL}") == [], run

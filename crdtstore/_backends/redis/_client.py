@@ -28,7 +28,7 @@ except ImportError:  # pragma: no cover - the extra is not installed
 _LUA = Path(__file__).with_name("lua")
 SCRIPTS = (
     "append", "read", "history", "ensure_run", "set_run", "delete_run", "snapshot", "trim",
-    "config", "lock", "lease",
+    "config", "lock", "lease", "rewrite",
 )  # fmt: skip
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -17,7 +18,7 @@ from ..._errors import BackendError, InvalidValue, RunClosed, UnknownRun
 from ..._guarded_append import Guard
 from ..._journal import Authority, JournalBackend, NewEntry, Row, RunRow, SnapshotRow
 from ._authority import Backoff, RedisAuthority
-from ._client import Scripts, make_client, mapped, require_asyncio
+from ._client import RedisError, Scripts, make_client, mapped, require_asyncio
 from ._guarded import append_guarded_at
 from ._keys import Keys, RunKeys, parse_url, redis_options
 from ._rows import entry_args, row_of
@@ -27,6 +28,7 @@ log = logging.getLogger("crdtstore.redis")
 
 TRIM_CHUNK = 1000  # journal entries removed per script call below a snapshot
 TRIM_GRACE = 1.0  # seconds between a snapshot and the trim of the entries below it
+AOF_POLL = 0.05  # seconds between two looks at a running append-only file rewrite
 WAITAOF_TIMEOUT_MS = 10_000  # how long a durable write waits for the append-only file
 
 _HOST = socket.gethostname()
@@ -496,6 +498,44 @@ class RedisJournal(JournalBackend):
             if int(n) < TRIM_CHUNK:
                 break
         await self._durable()
+
+    async def rewrite_entries(self, tenant: str, run: str, rows: Sequence[Row]) -> None:
+        """See :meth:`JournalBackend.rewrite_entries`. A stream entry cannot change: the
+        script deletes the entries from the lowest rewritten one on and adds them again with
+        the same ids. The old bytes stay in the append-only file until :meth:`checkpoint`
+        rewrites it (``Store.redact`` does, last)."""
+        if not rows:
+            return
+        keys = self.keys.run_keys(tenant, run)
+        args: list[Any] = [len(rows)]
+        for r in rows:
+            args += [r.seq, r.update, _dumps(r.effect), r.checksum]
+        with mapped("rewrite_entries"):
+            got = await self.scripts.rewrite(keys=[keys.meta, keys.stream], args=args)
+        if int(got) < 0:
+            raise UnknownRun(tenant, run)
+        await self._durable()
+
+    async def checkpoint(self) -> None:
+        """Rewrite the append-only file from the data set now (``BGREWRITEAOF``, after any
+        rewrite already running) and wait for it to end, so that values deleted or
+        rewritten (``Store.redact``) leave the file too. No AOF: nothing to do."""
+        with mapped("BGREWRITEAOF"):
+            if not int((await self.client.info("persistence")).get("aof_enabled", 0)):
+                return
+            await self._aof_idle()
+            with contextlib.suppress(RedisError):  # another client's started meanwhile
+                await self.client.bgrewriteaof()
+            await self._aof_idle()
+
+    async def _aof_idle(self) -> None:
+        while True:
+            info = await self.client.info("persistence")
+            if not int(info.get("aof_rewrite_in_progress", 0)) and not int(
+                info.get("aof_rewrite_scheduled", 0)
+            ):
+                return
+            await anyio.sleep(AOF_POLL)
 
     async def history(self, tenant: str, run: str, collection: str, key: str) -> list[Row]:
         keys = self.keys.run_keys(tenant, run)

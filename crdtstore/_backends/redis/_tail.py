@@ -47,6 +47,10 @@ class _Run:
 
     def keep(self, rows: list[Row]) -> None:
         for row in rows:
+            if any(len(op) > 2 and op[2] == "redact" for op in row.effect):
+                # a redaction rewrote the entries before it: the copies kept here are stale
+                # and may hold the redacted value (readers read them from Redis again)
+                self.rows.clear()
             self.rows[row.seq] = row
         if len(self.rows) > KEEP:
             low = max(self.rows) - KEEP
