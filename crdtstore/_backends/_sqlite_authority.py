@@ -28,6 +28,7 @@ class _SQLiteAuthority(Authority):
         self._tenant = tenant
         self._run = run
         self._rid = rid
+        self.committed = False  # append_last committed: leaving the context only ends it
 
     async def read(self, after: int) -> list[Row]:
         rid = self._rid
@@ -50,6 +51,19 @@ class _SQLiteAuthority(Authority):
             lambda db: _append_tx(db, self._tenant, self._run, self._rid, entries, effects),
             in_authority=True,
         )
+
+    async def append_last(self, entries: Sequence[NewEntry]) -> list[int]:
+        if not entries:
+            return []
+        effects = [_dumps(e.effect) for e in entries]
+
+        def tx(db: Any) -> list[int]:
+            seqs = _append_tx(db, self._tenant, self._run, self._rid, entries, effects)
+            db.execute("COMMIT")
+            self.committed = True
+            return seqs
+
+        return await self._j._call(self._conn, tx, in_authority=True)
 
     async def run_sync(self, fn: Callable[[Any], T]) -> T:
         return await self._j._call(self._conn, fn, in_authority=True)

@@ -148,14 +148,17 @@ class SQLiteJournal(_LoopPath, JournalBackend):
             raise BackendError("sqlite", "store is not open")
         async with self._wlock:
             await self._call(conn, lambda db: self._begin(conn, db, durable))
+            auth = _SQLiteAuthority(self, conn, tenant, run, rid)
             try:
-                yield _SQLiteAuthority(self, conn, tenant, run, rid)
+                yield auth
             except BaseException:
-                with anyio.CancelScope(shield=True):
-                    await self._call(conn, _rollback)
+                if not auth.committed:
+                    with anyio.CancelScope(shield=True):
+                        await self._call(conn, _rollback)
                 raise
-            with anyio.CancelScope(shield=True):
-                await self._call(conn, lambda db: db.execute("COMMIT"))
+            if not auth.committed:
+                with anyio.CancelScope(shield=True):
+                    await self._call(conn, lambda db: db.execute("COMMIT"))
 
     async def get_config(self, tenant: str, run: str) -> dict[str, Any]:
         rid = await self._run_id(tenant, run)
