@@ -91,6 +91,8 @@ async def test_append_last_ends_the_authority_transaction(backend: str, tmp_path
         assert await b.head("t", "r") == 2
         try:
             async with b.authority("t", "r", durable=True) as auth:
+                assert await auth.read(2) == []  # (SQLite: answered from the head it read)
+                assert [r.seq for r in await auth.read(1)] == [2]
                 assert await auth.append_last([entry(3)]) == [3]
                 raise RuntimeError("after the last step")
         except RuntimeError:
