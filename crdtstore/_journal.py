@@ -191,6 +191,13 @@ class Authority(ABC):
         None."""
         return fn(None)
 
+    async def append_last(self, entries: Sequence[NewEntry]) -> list[int]:
+        """:meth:`append` as the transaction's last step: a backend may commit in the same
+        step (SQLite: one worker-thread hop less per guarded write); leaving the context
+        then only ends it. Nothing may be read or appended after it; whether an error raised
+        after it still rolls it back is the backend's (SQLite: it does not)."""
+        return await self.append(entries)
+
 
 class JournalBackend(ABC):
     """Where journals live. One instance per open store, used from one event loop.

@@ -62,3 +62,46 @@ async def test_named_memory_stores_are_shared_in_process() -> None:
         await s2.delete_run("r")
     async with crdtstore.open_store("memory://") as private:
         assert await private.runs() == []
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite"])
+async def test_append_last_ends_the_authority_transaction(backend: str, tmp_path: Path) -> None:
+    """Issue 20: ``Authority.append_last`` appends as the transaction's last step (SQLite:
+    with its commit in the same worker-thread hop); leaving the context then only ends it,
+    and on SQLite an error raised after it does not take the appended entries back."""
+    import time as _time
+
+    from crdtstore._journal import NewEntry, checksum
+
+    def entry(i: int) -> NewEntry:
+        update = f"u{i}".encode()
+        return NewEntry("a", "tool", 7, _time.time(), update, [], checksum(update))
+
+    b = (
+        MemoryJournal("memory://")
+        if backend == "memory"
+        else SQLiteJournal(f"sqlite:///{tmp_path}/s.db")
+    )
+    await b.open()
+    try:
+        await b.ensure_run("t", "r", create=True)
+        async with b.authority("t", "r", durable=True) as auth:
+            assert await auth.read(0) == []
+            assert await auth.append_last([entry(1), entry(2)]) == [1, 2]
+        assert await b.head("t", "r") == 2
+        try:
+            async with b.authority("t", "r", durable=True) as auth:
+                assert await auth.read(2) == []  # (SQLite: answered from the head it read)
+                assert [r.seq for r in await auth.read(1)] == [2]
+                assert await auth.append_last([entry(3)]) == [3]
+                raise RuntimeError("after the last step")
+        except RuntimeError:
+            pass
+        kept = [b"u1", b"u2", b"u3"] if backend == "sqlite" else [b"u1", b"u2"]
+        assert [r.update for r in await b.read("t", "r", 0)] == kept
+        async with b.authority("t", "r", durable=True) as auth:
+            assert await auth.append_last([]) == []
+        await b.append("t", "r", [entry(4)], durable=False)  # the write lock is free again
+        assert await b.head("t", "r") == len(kept) + 1
+    finally:
+        await b.aclose()

@@ -124,3 +124,97 @@ async def test_keep_all_is_only_for_plain_maps() -> None:
             with pytest.raises(crdtstore.InvalidValue):
                 async with store.open_record(run="r", agent="a", schema={"x": spec}):
                     pass
+
+
+def _fresh(facts: Any) -> Any:
+    """A fresh handle of the same collection: its sibling groups built from the document."""
+    from crdtstore.record._maps import KeepAllMap
+
+    return KeepAllMap(facts._rec, facts.name, facts._root, facts._model)
+
+
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from(["set_a", "set_b", "del_a", "deliver", "dict_a"]),
+            st.sampled_from(["k0", "k1", "k2"]),
+            st.integers(0, 3),
+        ),
+        max_size=25,
+    ),
+    seed=st.integers(0, 1000),
+)
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_incremental_sibling_groups_match_a_rebuild(
+    anyio_backend: str, steps: list[tuple[str, str, int]], seed: int
+) -> None:
+    """Issue 20: the groups follow the root map's events (local writes, deletes, remote
+    updates); after every step, every read equals that of groups rebuilt from the document,
+    and a cached read is never handed out for a key whose siblings changed."""
+    rng = random.Random(seed)
+    async with (
+        crdtstore.open_store("memory://") as s1,
+        crdtstore.open_store("memory://") as s2,
+        s1.open_record(run="r", agent="alice", schema=SCHEMA) as a,
+        s2.open_record(run="r", agent="bob", schema=SCHEMA) as b,
+    ):
+        fa, fb = a.map("facts"), b.map("facts")
+        for op, key, v in steps:
+            if op == "set_a":
+                await fa.set(key, v)
+            elif op == "dict_a":
+                await fa.set(key, {"v": v})
+            elif op == "set_b":
+                await fb.set(key, f"b{v}")
+            elif op == "del_a":
+                await fa.delete(key)
+            else:
+                await b.flush()
+                await deliver(s2, a, rng)
+            fresh = _fresh(fa)
+            assert {k: fa.get(k) for k in fa} == {k: fresh.get(k) for k in fresh}
+            assert len(fa) == len(fresh)
+            for k in ("k0", "k1", "k2"):
+                assert fa.siblings(k) == fresh.siblings(k)
+
+
+async def test_a_read_of_mutable_siblings_is_a_fresh_copy() -> None:
+    """Reads of plain values may be cached (issue 20); a sibling holding a dict is built
+    again for every read, so that changing what one read returned changes no other."""
+    async with (
+        crdtstore.open_store("memory://") as s1,
+        crdtstore.open_store("memory://") as s2,
+        s1.open_record(run="r", agent="alice", schema=SCHEMA) as a,
+        s2.open_record(run="r", agent="bob", schema=SCHEMA) as b,
+    ):
+        await a.map("facts").set("k", {"n": 1})
+        await b.map("facts").set("k", "plain")
+        await b.flush()
+        await deliver(s2, a, random.Random(3))
+        got = a.map("facts").get("k")
+        assert isinstance(got, Conflict)
+        for s in got.siblings:
+            if isinstance(s.value, dict):
+                s.value["n"] = 99
+        again = a.map("facts").get("k")
+        assert {"n": 1} in again.values
+
+
+async def test_reads_inside_a_transaction_see_its_writes() -> None:
+    """The root map's events come when a transaction ends; the groups see a write inside
+    one at once (a second write of the key resolves the first, a read shows the latest)."""
+    async with (
+        crdtstore.open_store("memory://") as store,
+        store.open_record(run="r", agent="alice", schema=SCHEMA) as rec,
+    ):
+        facts = rec.map("facts")
+        async with rec.transaction():
+            await facts.set("k", 1)
+            assert facts.get("k") == 1
+            await facts.set("k", 2)
+            assert facts.get("k") == 2
+            assert await facts.delete("k")
+            assert "k" not in facts
+            await facts.set("k", 3)
+        assert facts.get("k") == 3
+        assert len(facts.siblings("k")) == 1

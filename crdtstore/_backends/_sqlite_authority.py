@@ -1,6 +1,7 @@
 """The SQLite journal's :class:`~crdtstore._journal.Authority`: reads and appends inside the
 one write transaction that ``SQLiteJournal.authority`` holds open on the write connection (a
-guarded write reads the journal and appends without anyone else writing in between).
+guarded write reads the journal and appends without anyone else writing in between). The
+run's head is read with the ``BEGIN``: a read past it is answered without a worker-thread hop.
 """
 
 from __future__ import annotations
@@ -21,15 +22,25 @@ T = TypeVar("T")
 
 class _SQLiteAuthority(Authority):
     def __init__(
-        self, journal: SQLiteJournal, conn: _Conn, tenant: str, run: str, rid: int
+        self,
+        journal: SQLiteJournal,
+        conn: _Conn,
+        tenant: str,
+        run: str,
+        rid: int,
+        head: int | None = None,
     ) -> None:
         self._j = journal
         self._conn = conn
         self._tenant = tenant
         self._run = run
         self._rid = rid
+        self.committed = False  # append_last committed: leaving the context only ends it
+        self._head = head  # the run's head while nothing was appended here (None: unknown)
 
     async def read(self, after: int) -> list[Row]:
+        if self._head is not None and after >= self._head:
+            return []  # nothing past the head, which no one else can move now
         rid = self._rid
         raw = await self._j._call(
             self._conn,
@@ -45,11 +56,27 @@ class _SQLiteAuthority(Authority):
         if not entries:
             return []
         effects = [_dumps(e.effect) for e in entries]
+        self._head = None
         return await self._j._call(
             self._conn,
             lambda db: _append_tx(db, self._tenant, self._run, self._rid, entries, effects),
             in_authority=True,
         )
 
+    async def append_last(self, entries: Sequence[NewEntry]) -> list[int]:
+        if not entries:
+            return []
+        effects = [_dumps(e.effect) for e in entries]
+        self._head = None
+
+        def tx(db: Any) -> list[int]:
+            seqs = _append_tx(db, self._tenant, self._run, self._rid, entries, effects)
+            db.execute("COMMIT")
+            self.committed = True
+            return seqs
+
+        return await self._j._call(self._conn, tx, in_authority=True)
+
     async def run_sync(self, fn: Callable[[Any], T]) -> T:
+        self._head = None  # (fn may write)
         return await self._j._call(self._conn, fn, in_authority=True)

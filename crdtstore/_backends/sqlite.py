@@ -147,15 +147,25 @@ class SQLiteJournal(_LoopPath, JournalBackend):
         if conn is None or self._wlock is None:
             raise BackendError("sqlite", "store is not open")
         async with self._wlock:
-            await self._call(conn, lambda db: self._begin(conn, db, durable))
+
+            def begin(db: sqlite3.Connection) -> int | None:
+                self._begin(conn, db, durable)
+                # the run's head, read under the lock: a read past it needs no hop of its own
+                row = db.execute("SELECT head FROM runs WHERE id = ?", (rid,)).fetchone()
+                return None if row is None else int(row[0])
+
+            head = await self._call(conn, begin)
+            auth = _SQLiteAuthority(self, conn, tenant, run, rid, head)
             try:
-                yield _SQLiteAuthority(self, conn, tenant, run, rid)
+                yield auth
             except BaseException:
-                with anyio.CancelScope(shield=True):
-                    await self._call(conn, _rollback)
+                if not auth.committed:
+                    with anyio.CancelScope(shield=True):
+                        await self._call(conn, _rollback)
                 raise
-            with anyio.CancelScope(shield=True):
-                await self._call(conn, lambda db: db.execute("COMMIT"))
+            if not auth.committed:
+                with anyio.CancelScope(shield=True):
+                    await self._call(conn, lambda db: db.execute("COMMIT"))
 
     async def get_config(self, tenant: str, run: str) -> dict[str, Any]:
         rid = await self._run_id(tenant, run)

@@ -123,7 +123,8 @@ class GuardedWrites(WritePipeline):
                         raise
                     finally:
                         self._account(usage)
-                    own = await auth.append(self._entries([(update, ops, meta)])) if update else []
+                    entry = self._entries([(update, ops, meta)]) if update else []
+                    own = await auth.append_last(entry)  # (and commit, in the same step)
                     journaled = True
             except BaseException:
                 if update is not None and meta is not None and not journaled:

@@ -17,7 +17,7 @@ from .._models import Conflict, Sibling, Version
 from .._names import MAX_KEY_LENGTH, check_key
 from .._semantics import validate_value
 from .._values import to_stored
-from ._collections import _MISSING, _Collection
+from ._collections import _MISSING, CollectionHost, _Collection
 from ._document import ReplicaDocument
 
 if TYPE_CHECKING:
@@ -246,16 +246,58 @@ class KeepAllMap(MapCollection):
     see each other, so both survive; a later write sees both and resolves them.
     """
 
+    def __init__(
+        self, rec: CollectionHost, name: str, root: Any, model: type[BaseModel] | None
+    ) -> None:
+        super().__init__(rec, name, root, model)
+        self._index: dict[str, dict[str, dict[str, Any]]] | None = None  # key -> pkey -> entry
+        self._dirty: set[str] = set()  # physical keys changed since the index last looked
+        self._reads: dict[str, Any] = {}  # key -> what get() returns, when immutable
+        self._sibs: dict[str, Sibling] = {}  # pkey -> its Sibling, when immutable
+        self._sub: Any = None
+
+    def _on_change(self, event: Any) -> None:
+        # every transaction that touches the root map, whatever its origin (local write,
+        # remote entry, snapshot, raw update): only the names of the changed physical keys
+        self._dirty.update(event.keys)
+
     def _groups(self) -> dict[str, dict[str, Any]]:
-        stamp = self._rec._stamp(self.name)
-        if self._cache is None or self._cache[0] != stamp:
-            groups: dict[str, dict[str, Any]] = {}
+        """The sibling groups, kept up to date incrementally: a change costs the keys it
+        touched (from the root map's events), not a rebuild of every group."""
+        index = self._index
+        if index is None:
+            index = {}
+            if self._sub is None:
+                self._sub = self._root.observe(self._on_change)
+            self._dirty.clear()
             for pkey, entry in self._root.items():
                 key, sep, _ = pkey.rpartition(SEP)
                 if sep and isinstance(entry, dict):
-                    groups.setdefault(key, {})[pkey] = entry
-            self._cache = (stamp, groups)
-        return self._cache[1]
+                    index.setdefault(key, {})[pkey] = entry
+            self._index = index
+            self._reads.clear()
+            self._sibs.clear()
+        elif self._dirty:
+            dirty = list(self._dirty)  # (cleared in place: write closures hold the set)
+            self._dirty.clear()
+            root, reads = self._root, self._reads
+            for pkey in dirty:
+                key, sep, _ = pkey.rpartition(SEP)
+                if not sep:
+                    continue
+                reads.pop(key, None)
+                self._sibs.pop(pkey, None)
+                entry = root.get(pkey)
+                group = index.get(key)
+                if isinstance(entry, dict):
+                    if group is None:
+                        group = index[key] = {}
+                    group[pkey] = entry
+                elif group is not None:
+                    group.pop(pkey, None)
+                    if not group:
+                        del index[key]
+        return index
 
     def _sibling(self, pkey: str, entry: dict[str, Any]) -> Sibling:
         return Sibling(
@@ -274,10 +316,23 @@ class KeepAllMap(MapCollection):
         if len(group) == 1:
             ((_, entry),) = group.items()
             return self._out(entry.get("v"))
-        sibs = sorted(
-            (self._sibling(p, e) for p, e in group.items()), key=lambda s: (s.wall_time, s.token)
-        )
-        return Conflict(key=key, siblings=tuple(sibs))
+        got = self._reads.get(key)
+        if got is not None:
+            return got
+        cache = self._sibs
+        sibs = []
+        for p, e in group.items():
+            sib = cache.get(p)
+            if sib is None:
+                sib = self._sibling(p, e)
+                if type(sib.value) in _IMMUTABLE:
+                    cache[p] = sib  # frozen, nothing mutable inside: safe to hand out again
+            sibs.append(sib)
+        sibs.sort(key=_sibling_order)
+        got = Conflict(key=key, siblings=tuple(sibs))
+        if all(type(s.value) in _IMMUTABLE for s in sibs):
+            self._reads[key] = got
+        return got
 
     def __getitem__(self, key: str) -> Any:
         if key not in self._groups():
@@ -341,10 +396,16 @@ class KeepAllMap(MapCollection):
         seen = list(self._groups().get(key, {}))
         root = self._root
 
+        dirty = self._dirty
+
         def apply() -> None:
             for old in seen:
                 del root[old]
             root[pkey] = entry
+            # the root map's event comes when the transaction ends: a read inside it (a
+            # rec.transaction() block) must already see this write
+            dirty.update(seen)
+            dirty.add(pkey)
 
         ops: list[Op] = [["map", self.name, "del", old] for old in seen]
         ops.append(["map", self.name, "set", pkey, entry])
@@ -371,10 +432,12 @@ class KeepAllMap(MapCollection):
         if not seen:
             return False
         root = self._root
+        dirty = self._dirty
 
         def apply() -> None:
             for old in seen:
                 del root[old]
+            dirty.update(seen)  # (as in set)
 
         await self._write([["map", self.name, "del", old] for old in seen], apply)
         return True
@@ -389,6 +452,13 @@ class KeepAllMap(MapCollection):
             v = self.get(k)
             out[k] = v.to_json() if isinstance(v, Conflict) else _jsonable(v)
         return out
+
+
+_IMMUTABLE = (str, int, float, bool, type(None))
+
+
+def _sibling_order(s: Sibling) -> tuple[float, str]:
+    return s.wall_time, s.token
 
 
 def _jsonable(v: Any) -> Any:
