@@ -59,10 +59,10 @@ from ._store import Store as Store
 from ._store import open_store as open_store
 from .record._collections import ListCollection as ListCollection
 from .record._collections import TextCollection as TextCollection
+from .record._counter import CounterCollection as CounterCollection
 from .record._fields import DELETE as DELETE
 from .record._fields import FieldMap as FieldMap
 from .record._fields import KeepAllFieldMap as KeepAllFieldMap
-from .record._counter import CounterCollection as CounterCollection
 from .record._guarded import Claim as Claim
 from .record._maps import KeepAllMap as KeepAllMap
 from .record._maps import MapCollection as MapCollection

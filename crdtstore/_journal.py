@@ -325,6 +325,7 @@ class JournalBackend(ABC):
         make the check and the delete one step must not pretend to.
         """
         raise UnsupportedOperation(self.name, "the retention sweep (delete_run_if_due)")
+
     async def rewrite_entries(self, tenant: str, run: str, rows: Sequence[Row]) -> None:
         """Replace, in one transaction, the update, effect and checksum of the entries at the
         positions of ``rows`` (every other field and every other entry stays; a position no

@@ -20,7 +20,6 @@ from ._journal import Op
 
 Policy = Literal["open", "append_only", "owner", "guarded"]
 Conflict = Literal["lww", "keep_all"]
-Kind = Literal["map", "list", "text"]
 Merge = Literal["value", "fields"]
 Kind = Literal["map", "list", "text", "counter"]
 

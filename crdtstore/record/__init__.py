@@ -39,9 +39,9 @@ from ._changes import ChangeStream as ChangeStream
 from ._collections import CollectionHost as CollectionHost
 from ._collections import ListCollection as ListCollection
 from ._collections import TextCollection as TextCollection
+from ._counter import CounterCollection as CounterCollection
 from ._fields import FieldMap as FieldMap
 from ._fields import KeepAllFieldMap as KeepAllFieldMap
-from ._counter import CounterCollection as CounterCollection
 from ._guarded import Claim as Claim
 from ._loop_commit import LoopCommit as LoopCommit
 from ._maps import KeepAllMap as KeepAllMap
