@@ -249,7 +249,9 @@ def validate_value(
         try:
             instance = model.__pydantic_validator__.validate_python(value)
         except ValidationError as exc:
-            raise SchemaInvalid(collection, key, json.loads(exc.json())) from None
+            # (without the input: it can be what JSON cannot carry, NaN, and it is the caller's own)
+            errors = json.loads(exc.json(include_input=False, include_url=False))
+            raise SchemaInvalid(collection, key, errors) from None
     # the instance's own serializer, as ``instance.model_dump`` would use (a subclass's)
     return instance.__pydantic_serializer__.to_python(instance, mode="json")
 

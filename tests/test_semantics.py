@@ -287,3 +287,23 @@ async def test_view_is_a_slice_with_provenance_and_a_scoped_handle(url: str) -> 
             assert len(await journal_bytes(store, "r")) == len(journal)
             assert sorted(scoped.keys()) == ["net/1", "net/2", "net/3"]
             assert "disk/1" not in scoped
+
+
+def test_a_schema_error_carries_no_input_json_cannot_hold() -> None:
+    """A NaN (or any input) that fails a model is not echoed in ``errors``: the error must
+    stay JSON (a tool result), and the input is the caller's own (found by
+    test_tools_properties: ``store_put`` of NaN to a typed map)."""
+    import json
+
+    from pydantic import BaseModel
+
+    from crdtstore import SchemaInvalid
+    from crdtstore._semantics import validate_value
+
+    class Finding(BaseModel):
+        title: str
+
+    with pytest.raises(SchemaInvalid) as info:
+        validate_value(None, Finding, "findings", "k", {"title": float("nan")})
+    text = json.dumps(info.value.to_dict(), allow_nan=False)
+    assert "string_type" in text and "input" not in info.value.errors[0]
