@@ -1,8 +1,9 @@
 """Network namespaces for the partition tests (tests/test_partition.py): the hub in one
 namespace, every client in its own, each client joined to the hub's by a veth pair, so that a
 link can be cut (``ip link set down`` at both ends), degraded (``tc netem``: delay, loss,
-duplication, reordering; ``tc tbf`` where the kernel has no ``sch_netem``) and healed while
-real processes talk over it.
+duplication, reordering; where the kernel has no ``sch_netem``, the same four made of
+``htb``, ``u32`` and ``mirred``: see :meth:`Link._emulate`) and healed while real processes
+talk over it.
 
 Names are unique per test (the pid and a counter: interface names stay under 16 bytes);
 everything is deleted when the test ends, failed or not (deleting a namespace deletes its veth
@@ -55,27 +56,69 @@ class Link:
     hub_ip: str
     client_ip: str
 
-    def degrade(self, netem: str, fallback: str = "rate 2mbit burst 16kbit latency 60ms") -> str:
+    def degrade(self, netem: str) -> str:
         """Degrade both directions of the link with ``tc qdisc ... netem <netem>`` (delay, loss,
-        duplication, reordering); on a kernel without ``sch_netem`` ("qdisc kind is unknown"),
-        with ``tbf <fallback>`` (a rate limit and its queueing delay) instead. Returns the
-        qdisc applied (``"netem ..."`` or ``"tbf ..."``)."""
-        applied = f"netem {netem}"
+        duplication, reordering). On a kernel without ``sch_netem`` ("qdisc kind is unknown")
+        each impairment ``netem`` names is made of what the kernel has (:meth:`_emulate`).
+        Returns what was applied (``"netem ..."`` or ``"emulated ..."``)."""
         for ns, dev in ((self.net.hub_ns, self.hub_dev), (self.client_ns, self.client_dev)):
             base = ["ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root"]
-            if applied.startswith("netem"):
-                done = subprocess.run(
-                    [*base, "netem", *netem.split()], capture_output=True, text=True, timeout=30
-                )
-                if done.returncode == 0:
-                    continue
+            done = subprocess.run(
+                [*base, "netem", *netem.split()], capture_output=True, text=True, timeout=30
+            )
+            if done.returncode != 0:
                 if "kind is unknown" not in done.stderr:
                     pytest.fail(f"tc netem {netem} failed: {done.stderr.strip()}")
-                applied = f"tbf {fallback}"
-                if dev == self.client_dev:  # (the hub side got netem: cannot; both tbf)
-                    sh(*base[:-1], self.hub_dev, "root", "tbf", *fallback.split())
-            sh(*base, "tbf", *fallback.split())
-        return applied
+                return "emulated " + ", ".join(
+                    self._emulate(ns, dev, netem.split())
+                    for ns, dev in (
+                        (self.net.hub_ns, self.hub_dev),
+                        (self.client_ns, self.client_dev),
+                    )
+                )
+        return f"netem {netem}"
+
+    @staticmethod
+    def _emulate(ns: str, dev: str, words: list[str]) -> str:
+        """netem's impairments without ``sch_netem``, on one end's egress, from ``htb``, the
+        ``u32`` classifier and the ``mirred`` action (what this machine's kernel has; the
+        choice of packet is by the low 3 bits of the IPv4 id, which counts up per packet:
+        one packet in 8, deterministically, not by chance):
+
+        - delay: every packet through an ``htb`` class of 2 mbit/s (its queueing delay);
+        - reorder: one packet in 8 through a class of 128 kbit/s, so later ones overtake it;
+        - loss: one packet in 8 redirected to the namespace's loopback (gone from the link);
+        - duplicate: one packet in 8 mirrored back onto the link (sent again, up to the
+          kernel's mirred nesting limit: several copies).
+        """
+        tc = ["ip", "netns", "exec", ns, "tc"]
+        done = []
+        sh(*tc, "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "10")
+        rate = "2mbit" if "delay" in words else "1gbit"
+        sh(*tc, "class", "add", "dev", dev, "parent", "1:", "classid", "1:10", "htb",
+           "rate", rate, "quantum", "60000")  # fmt: skip
+        if "delay" in words:
+            done.append("delay (htb 2mbit)")
+        if "reorder" in words:
+            sh(*tc, "class", "add", "dev", dev, "parent", "1:", "classid", "1:20", "htb",
+               "rate", "128kbit", "ceil", "128kbit", "burst", "100b", "cburst", "100b",
+               "quantum", "1514")  # fmt: skip
+            sh(*tc, "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "u32",
+               "match", "u16", "0x0001", "0x0007", "at", "4", "flowid", "1:20")  # fmt: skip
+            done.append("reorder 1/8 (htb 128kbit)")
+        if "loss" in words or "duplicate" in words:
+            sh(*tc, "qdisc", "replace", "dev", dev, "clsact")
+        if "loss" in words:
+            sh(*tc, "filter", "add", "dev", dev, "egress", "protocol", "ip", "u32",
+               "match", "u16", "0x0002", "0x0007", "at", "4",
+               "action", "mirred", "egress", "redirect", "dev", "lo")  # fmt: skip
+            done.append("loss 1/8 (mirred redirect to lo)")
+        if "duplicate" in words:
+            sh(*tc, "filter", "add", "dev", dev, "egress", "protocol", "ip", "u32",
+               "match", "u16", "0x0003", "0x0007", "at", "4",
+               "action", "mirred", "egress", "mirror", "dev", dev)  # fmt: skip
+            done.append("duplicate 1/8 (mirred mirror)")
+        return f"{dev}: " + "; ".join(done)
 
     def cut(self) -> None:
         """Take the link down at both ends: nothing passes, the TCP connections stay (their

@@ -1,7 +1,7 @@
 """Real network partitions (tests/_netns.py): the hub (``python -m sync``) in one network
 namespace, each client a real process in its own, joined by a veth pair; links degraded with
-``tc`` (netem delay, loss, duplication, reordering; tbf where the kernel has no netem), cut
-mid-stream (the link down at both ends) and healed.
+``tc`` (netem delay, loss, duplication, reordering; where the kernel has no netem, the same
+four made of htb, u32 and mirred), cut mid-stream (the link down at both ends) and healed.
 
 - Two Python ``ws://`` clients (tests/_hub_agent_proc.py ``stream``) and a JavaScript
   y-websocket client (tests/interop/client.mjs) keep writing while their link is cut, and
@@ -369,3 +369,61 @@ async def test_a_cut_longer_than_the_keepalive_drops_and_reconnects(tmp_path: Pa
         finally:
             for p in reversed(procs):
                 p.stop()
+
+
+_UDP_PEER = """
+import socket, sys, time
+n = 400
+if sys.argv[1] == "recv":
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind((sys.argv[2], 9999))
+    s.settimeout(1.5)
+    print("READY", flush=True)
+    got = []
+    try:
+        while True:
+            got.append(int(s.recv(1000)))
+    except socket.timeout:
+        pass
+    print(len(got), len(set(got)), sum(1 for a, b in zip(got, got[1:]) if b < a), flush=True)
+else:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    for i in range(n):
+        s.sendto(str(i).encode().ljust(500), (sys.argv[2], 9999))  # (int() strips it)
+        time.sleep(0.001)
+"""
+
+
+def test_a_degraded_link_loses_duplicates_and_reorders(tmp_path: Path) -> None:
+    """What ``Link.degrade`` applies really impairs the link (netem, or its emulation on a
+    kernel without ``sch_netem``): 400 datagrams of 500 bytes from the client's namespace to
+    the hub's arrive with some lost, some duplicated and some out of order; before, all in
+    order."""
+    script = tmp_path / "udp_peer.py"
+    script.write_text(_UDP_PEER)
+
+    def send_and_count(net: Net, link: Link) -> tuple[int, int, int]:
+        recv = subprocess.Popen(
+            [*net.exec_args(net.hub_ns), sys.executable, str(script), "recv", link.hub_ip],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert recv.stdout is not None and recv.stdout.readline().startswith("READY")
+        subprocess.run(
+            [*net.exec_args(link.client_ns), sys.executable, str(script), "send", link.hub_ip],
+            check=True,
+            timeout=60,
+        )
+        out, _ = recv.communicate(timeout=60)
+        received, distinct, out_of_order = map(int, out.split())
+        return received, distinct, out_of_order
+
+    with network() as net:
+        link = net.client()
+        assert send_and_count(net, link) == (400, 400, 0)
+        applied = link.degrade("delay 5ms loss 10% duplicate 10% reorder 20% 50%")
+        received, distinct, out_of_order = send_and_count(net, link)
+        print(applied, received, distinct, out_of_order)
+        assert distinct < 400, f"nothing lost ({applied})"
+        assert received > distinct, f"nothing duplicated ({applied})"
+        assert out_of_order > 0, f"nothing reordered ({applied})"
