@@ -394,7 +394,8 @@ async def test_offline_writes_survive_a_hub_restart(tmp_path: Path) -> None:
 
 async def test_refused_tokens_raise_typed_errors_at_open(tmp_path: Path) -> None:
     async with running_hub(tmp_path) as hub:
-        forged = token("mallory")[:-4] + "AAAA"
+        real = token("mallory")
+        forged = real[:-4] + ("AAAA" if real[-4:] != "AAAA" else "BAAA")
         with pytest.raises(CrdtStoreError) as caught:
             async with ws_record(hub, forged):
                 pass

@@ -349,6 +349,12 @@ async def test_awareness_is_relayed_answered_and_removed(tmp_path: Path) -> None
 # -- auth and scope -------------------------------------------------------------------------
 
 
+def _other_than(tail: str) -> str:
+    """Two base64url characters that are not ``tail`` (a signature ending in "AA" made the
+    "forged" one the real one: 1 run in 4,096)."""
+    return "AA" if tail != "AA" else "BA"
+
+
 def bad_tokens() -> list[tuple[str, str | None, int, str]]:
     """(name, token, HTTP status, error code) of every way a token for TENANT/RUN is refused."""
     now = time.time()
@@ -356,10 +362,11 @@ def bad_tokens() -> list[tuple[str, str | None, int, str]]:
     payload, _, signature = good.partition(".")
     forged_claims = token("mallory", secret=b"another-secret-0123456789")
     other_payload = token("alice", run="r2").partition(".")[0]
+    forged = f"{payload}.{signature[:-2]}{_other_than(signature[-2:])}"
     return [
         ("missing", None, 401, "TOKEN_INVALID"),
         ("garbage", "not-a-token", 401, "TOKEN_INVALID"),
-        ("forged signature", f"{payload}.{signature[:-2]}AA", 401, "TOKEN_INVALID"),
+        ("forged signature", forged, 401, "TOKEN_INVALID"),
         ("other secret", forged_claims, 401, "TOKEN_INVALID"),
         ("tampered payload", f"{other_payload}.{signature}", 401, "TOKEN_INVALID"),
         ("expired", token("alice", exp=now - 1), 401, "TOKEN_EXPIRED"),
