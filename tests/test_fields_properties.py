@@ -198,12 +198,10 @@ async def test_agents_creating_the_same_entry_at_once_never_lose_a_field(seed: i
         assert views[0]["title"] in {f"by {i}" for i in range(n)}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core provenance: two concurrent sets of one key to an equal value leave each"
-    " replica naming a different writer (plain maps too; not specific to merge='fields')",
-)
-async def test_pin_concurrent_equal_values_give_divergent_provenance() -> None:
+async def test_concurrent_equal_values_name_the_same_writer_everywhere() -> None:
+    """Two concurrent sets of one key to an equal value: every replica names the one latest
+    in the journal (each named the other's entry: the replica that wrote the later one took
+    the earlier as the batch's last equal write). Plain maps too, not only merge='fields'."""
     async with crdtstore.open_store("memory://") as store:
         async with (
             store.open_record(run="r", agent="a0") as a,

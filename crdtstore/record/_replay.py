@@ -76,7 +76,8 @@ class JournalReplay(ReplicaDocument):
         last entry of the batch whose write left exactly that value (or that delete); when
         none did, a write from before the batch won and keeps its provenance. (Map observers
         would say the same, at several times the cost of the apply itself.) Two concurrent
-        writes of the same value are indistinguishable; the later one is named.
+        writes of the same value are indistinguishable; the one later in the journal is
+        named, on every replica (see :meth:`_winners`).
 
         The batch is applied and read back in one pycrdt transaction (pycrdt otherwise opens
         and commits one per update applied and several per key read); the entries are still
@@ -88,9 +89,13 @@ class JournalReplay(ReplicaDocument):
         never corrupts earlier entries).
         """
         touched: dict[tuple[str, str], list[tuple[Op, Row]]] = {}
+        # keys whose provenance names a later entry (or one not journaled yet) than a row of
+        # this batch that writes them: their value before the batch (see _winners)
+        before: dict[tuple[str, str], Any] = {}
         applied: list[Row] = []  # (for the item provenance index)
         coll_seq = self.coll_seq
         doc = self.doc
+        index = self.index
         with doc.transaction() as txn:
             # an update from elsewhere may register a name concurrently as another kind:
             # forget what was cached (see apply_update), the registry is the truth
@@ -100,6 +105,16 @@ class JournalReplay(ReplicaDocument):
                 if checksum(update) != row.checksum:
                     self._skip(JournalCorrupt(run, row.seq, "checksum mismatch"))
                     continue
+                if index:
+                    for op in row.effect:
+                        if op[0] == "map" and (op[1], op[3]) not in touched:
+                            named = index.get(op[1], _NO_KEYS).get(op[3])
+                            if named is not None and (
+                                type(named) is not int or named > row.seq
+                            ):  # (a Meta: not journaled yet, so later than the row)
+                                before.setdefault(
+                                    (op[1], op[3]), self._map_value(op[1], op[3], txn._txn)
+                                )
                 try:
                     # journal entries passed their checksum: skip the trial decode that
                     # untrusted bytes get (pycrdt leaves the doc intact on bytes it rejects)
@@ -130,7 +145,7 @@ class JournalReplay(ReplicaDocument):
                 self.items.applied_rows(applied)
             if not touched:
                 return
-            winners = self._winners(touched, txn._txn)
+            winners = self._winners(touched, txn._txn, before)
         for seq in sorted(winners):  # in journal order: the table appends
             row = winners[seq]
             self._remember(seq, row.agent, row.source, row.wall_time, row.origin)
@@ -139,12 +154,37 @@ class JournalReplay(ReplicaDocument):
         if any(len(index.get(name, ())) >= _SETTLE_MIN for name, _ in touched):
             self._settle()
 
+    def _map_value(self, coll: str, key: str, raw: Any) -> Any:
+        """The value of ``coll[key]`` inside the open transaction ``raw`` (``_ABSENT``: not
+        there, or ``coll`` is not a map)."""
+        kind = self._kinds.get(coll)
+        if kind is None:
+            registry = self.registry.integrated
+            kind = registry.get(raw, coll) if registry.has(raw, coll) else None
+        if kind in KINDS and kind != "map":
+            return _ABSENT
+        root = self._roots.get((coll, "map"))
+        if root is None:
+            return _ABSENT  # (never read as a map here: nothing to compare with)
+        integrated = root.integrated
+        if not integrated.has(raw, key):
+            return _ABSENT
+        return from_stored(root._maybe_as_type_or_doc(integrated.get(raw, key)))
+
     def _winners(
-        self, touched: dict[tuple[str, str], list[tuple[Op, Row]]], raw: Any
+        self,
+        touched: dict[tuple[str, str], list[tuple[Op, Row]]],
+        raw: Any,
+        before: dict[tuple[str, str], Any],
     ) -> dict[int, Row]:
         """For :meth:`apply_rows`, inside its transaction (``raw`` is pycrdt's transaction
         object): index each touched key under the last entry whose write left its current
         value; return those entries by position.
+
+        Two concurrent writes of one value cannot be told apart, so every replica must name
+        the same one: the one latest in the journal. A key that the index names under an
+        entry later than this batch's rows (this replica's own write, journaled or not yet)
+        and whose value the batch left as it was (``before``) keeps that entry.
 
         Reads through the integrated (Rust) objects with the open transaction: pycrdt's
         ``Map.get`` opens a nested transaction three times and checks the key twice, which
@@ -187,6 +227,9 @@ class JournalReplay(ReplicaDocument):
                 elif op[2] == "set" and from_stored(op[4]) == value:
                     winner = row
                     break
+            now = value if current is not _ABSENT else _ABSENT
+            if winner is not None and (coll, key) in before and before[(coll, key)] == now:
+                continue  # (the later entry the index names wrote this value too)
             if winner is not None:  # else a write from before this batch is still current
                 keys = index.get(coll)
                 if keys is None:
@@ -199,6 +242,8 @@ class JournalReplay(ReplicaDocument):
         log.error("%s; entry skipped", error)
         self.skipped.append(error)
 
+
+_NO_KEYS: dict[str, Any] = {}
 
 # entries a bulk load merges into one apply: measured on 20k-100k entries, groups of 16-64
 # apply in 0.6-0.7x the time of one apply per entry; much larger groups of list appends by
