@@ -3,7 +3,7 @@ network layer that serves records to other processes (crdtstore's own ``sync`` p
 
 Everything here is documented and kept stable like the top-level API; ``sync`` imports
 crdtstore only through ``crdtstore``, ``crdtstore.codec``, ``crdtstore.record`` and this module
-(checked by tests/test_layering.py). What every journal backend implements is
+(checked by tests/project/test_layering.py). What every journal backend implements is
 :class:`JournalBackend` (with :class:`Authority`, the rows and entries it stores); a backend
 that decides guarded writes in its append implements :class:`AtomicGuardedAppend` as well,
 and a backend behind a server :class:`RemoteGuardedAppend`. Lease backends implement

@@ -1,4 +1,4 @@
-"""An agent process for the multi-process tests (tests/test_multiprocess.py).
+"""An agent process for the multi-process tests (tests/journal/test_multiprocess.py).
 
 Run as ``python tests/_agent_proc.py COMMAND URL RUN AGENT [options]``. The process talks to
 the test through stdout, one line per event, flushed at once:

@@ -1,4 +1,4 @@
-"""An agent process patching merge="fields" entries, for tests/test_fields_processes.py.
+"""An agent process patching merge="fields" entries, for tests/journal/test_fields_processes.py.
 
 Run as ``python tests/_fields_agent_proc.py URL RUN AGENT --field F --expect F1,F2,...
 [--token T] [--n N]``: a ``sqlite:///`` store or a hub (``ws://127.0.0.1:PORT/<tenant>``,

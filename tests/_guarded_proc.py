@@ -1,4 +1,5 @@
-"""A process doing read-increment-guarded-write on one counter (tests/test_guarded_processes.py).
+"""A process doing read-increment-guarded-write on one counter
+(tests/journal/test_guarded_processes.py).
 
 ``python tests/_guarded_proc.py URL RUN AGENT SECONDS [--retry]`` prints one JSON line at the
 end: ``{"ok": n, "refusals": [[tried_version, reported_version, reported_value], ...],

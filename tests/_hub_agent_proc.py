@@ -1,4 +1,4 @@
-"""An agent process writing through the hub, for tests/test_sync_processes.py.
+"""An agent process writing through the hub, for tests/network/test_sync_processes.py.
 
 Run as ``python tests/_hub_agent_proc.py COMMAND URL RUN AGENT --token T [options]``, where
 ``URL`` is the hub and tenant (``ws://127.0.0.1:PORT/<tenant>``) and ``AGENT`` the token's

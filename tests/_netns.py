@@ -1,4 +1,4 @@
-"""Network namespaces for the partition tests (tests/test_partition.py): the hub in one
+"""Network namespaces for the partition tests (tests/network/test_partition.py): the hub in one
 namespace, every client in its own, each client joined to the hub's by a veth pair, so that a
 link can be cut (``ip link set down`` at both ends), degraded (``tc netem``: delay, loss,
 duplication, reordering; where the kernel has no ``sch_netem``, the same four made of

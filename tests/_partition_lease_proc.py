@@ -1,4 +1,4 @@
-"""A lease holder over ``ws://`` for tests/test_partition.py.
+"""A lease holder over ``ws://`` for tests/network/test_partition.py.
 
 ``python tests/_partition_lease_proc.py URL RUN AGENT TOKEN RESOURCE TTL``: opens the run
 through the hub at ``URL`` (``ws://host:port/<tenant>``) with ``TOKEN``, takes the lease on

@@ -1,4 +1,5 @@
-"""A second process holding a record while another one redacts a value (tests/test_redaction.py).
+"""A second process holding a record while another one redacts a value
+(tests/journal/test_redaction.py).
 
 ``python tests/_redact_proc.py URL RUN SECRET``: opens the record, prints ``ready`` once it
 reads the secret, then waits (no reopen) until the value is gone from what every API returns

@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +125,16 @@ class RedisServer:
                     self.proc.kill()
                     self.proc.wait()
             self.proc = None
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """One real redis-server per test module (registered for every test by conftest.py)."""
+    srv = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
 
 
 class Child:

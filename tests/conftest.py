@@ -5,6 +5,8 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
+from tests._redis import redis_server  # noqa: F401  (a fixture: one real redis-server per module)
+
 # Named hypothesis profiles: "ci" (fast, the default) and "long" (nightly / soak).
 settings.register_profile(
     "ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]

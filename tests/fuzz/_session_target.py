@@ -8,7 +8,7 @@ and decode back to themselves; a binary message re-encodes to the frame it came 
 decoder is canonical); a JSON message decodes back from its encoding; a read-only server
 session never changes its document; an applied update leaves the document holding it.
 
-Two findings of these targets are fixed (``tests/test_fuzz_regressions.py``): pycrdt
+Two findings of these targets are fixed (``tests/fuzz/test_fuzz_regressions.py``): pycrdt
 integrating part of an update it then refuses (an item naming a value as its parent: such
 updates are now tried on a copy first), and a GC struct of length 0 after a clock gap that
 made every later ``get_update`` panic (refused by the strict decode). Both are checked

@@ -10,6 +10,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.to_thread
@@ -118,13 +119,13 @@ async def test_restart_mid_wait_keeps_fifo(tmp_path: Path) -> None:
             # everything is dead; C comes back first, then B
             c2 = start("C", "f2")
             procs.append(c2)
-            with anyio.fail_after(60):
-                while True:
-                    st = await store.leases.status(reap=False)
-                    pids = {i.owner: i.pid for i in (*st.holders, *st.waiters)}
-                    if pids.get("C") == c2.pid:
-                        break  # C re-attached
-                    await anyio.sleep(0.01)
+
+            async def c_reattached() -> Any:
+                st = await store.leases.status(reap=False)
+                pids = {i.owner: i.pid for i in (*st.holders, *st.waiters)}
+                return st if pids.get("C") == c2.pid else None
+
+            st = await until(c_reattached, "C to re-attach", deadline=60)
             assert {i.owner: i.rank for i in st.waiters}.get("C") == ranks["C"]
             assert [i.owner for i in st.holders] == ["B"], "A was reaped, B got f1+f2 (unseen)"
             assert not c2.has_line("GRANT")

@@ -23,8 +23,8 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from crdtstore import open_store
 from sync import TokenClaims, mint
 from sync._ops import OPS
-from tests.test_sync_hub import SECRET, HubUnderTest, Peer, running_hub
-from tests.test_sync_hub import peer_at as hub_peer_at
+from tests.network.test_sync_hub import SECRET, HubUnderTest, Peer, running_hub
+from tests.network.test_sync_hub import peer_at as hub_peer_at
 
 pytestmark = pytest.mark.anyio
 
