@@ -3,7 +3,8 @@
 
     python3 dev.py demo [ARGS...]   set up, then run `crdtstore demo` (agent processes sharing a record)
     python3 dev.py test [ARGS...]   set up, then lint and check formatting (ruff), type-check
-                                    (mypy) and run pytest
+                                    (mypy) and run pytest; without test paths, then the
+                                    record's tests again with pycrdt's internals off
                                     (installs tests/interop's npm packages first if missing)
     python3 dev.py setup            only set up .venv
 """
@@ -55,6 +56,19 @@ def interop_packages() -> None:
         run(npm, "ci", "--prefix", folder, "--no-audit", "--no-fund", "--loglevel=error")
 
 
+# The record's tests again with pycrdt's internals turned off (crdtstore/record/_pycrdt.py):
+# the public-API path every shortcut falls back to stays correct.
+FALLBACK_TESTS = ("tests/record", "tests/scenarios", "tests/journal/test_compaction.py")
+
+
+def fallback() -> None:
+    print("+ CRDTSTORE_PYCRDT_INTERNALS=0: the record's tests on pycrdt's public API", flush=True)
+    env = {**os.environ, "CRDTSTORE_PYCRDT_INTERNALS": "0"}
+    cmd = [str(PY), "-m", "pytest", "-q", "-p", "no:cacheprovider", *FALLBACK_TESTS]
+    print("+", " ".join(cmd), flush=True)
+    subprocess.run(cmd, cwd=ROOT, check=True, env=env)
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in ("demo", "test", "setup"):
         print(__doc__)
@@ -73,6 +87,8 @@ def main(argv: list[str]) -> int:
             run(PY, "-m", "ruff", "format", "--check", "crdtstore", "sync", "tests", "bench")
             run(PY, "-m", "mypy")
             run(PY, "-m", "pytest", *rest)
+            if all(arg.startswith("-") for arg in rest):  # (the whole suite was asked for)
+                fallback()
     except subprocess.CalledProcessError as exc:
         return exc.returncode or 1
     return 0

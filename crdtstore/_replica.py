@@ -7,9 +7,6 @@ from .record._document import _EMPTY_UPDATES as _EMPTY_UPDATES
 from .record._document import DEFAULT_MAX_UPDATE as DEFAULT_MAX_UPDATE
 from .record._document import KINDS as KINDS
 from .record._document import REGISTRY as REGISTRY
-from .record._document import _direct_insert_works as _direct_insert_works
-from .record._document import _json_number as _json_number
-from .record._document import list_values as list_values
 from .record._effects import _EMPTY_OF as _EMPTY_OF
 from .record._effects import _EVENT_SIGNATURE as _EVENT_SIGNATURE
 from .record._effects import _chars_in as _chars_in
@@ -29,6 +26,8 @@ from .record._provenance import _pack as _pack
 from .record._provenance import _Settled as _Settled
 from .record._provenance import _unpack as _unpack
 from .record._provenance import now as now
+from .record._pycrdt import _json_number as _json_number
+from .record._pycrdt import list_values as list_values
 from .record._replay import _APPLY_GROUP as _APPLY_GROUP
 from .record._replay import _BULK_GROUP as _BULK_GROUP
 from .record._replay import _BULK_PENDING_KEYS as _BULK_PENDING_KEYS

@@ -18,8 +18,8 @@ from .._journal import Op
 from .._models import Span, Version
 from .._semantics import validate_value
 from .._values import encodable, from_stored, to_stored
-from ._document import list_values
 from ._item_provenance import item_id, text_authorship, to_provenance
+from ._pycrdt import list_values
 from ._textdiff import apply_text_edits, text_diff
 
 if TYPE_CHECKING:

@@ -4,19 +4,18 @@
 per transaction), keeps the registry of collections *in the document* (so every replica and
 every Yjs client agrees on which root is a map, a list or a text), and checks and applies
 update bytes from elsewhere. The hot path of a local write (:meth:`ReplicaDocument.local_set`,
-``do_set``, ``set_items``) goes straight to yrs through pycrdt internals, checked at import by
-:func:`_direct_insert_works`; when they moved it takes pycrdt's public API.
+``do_set``, ``set_items``) goes straight to yrs through pycrdt's internals (all of them in
+:mod:`._pycrdt`, checked at import); when they moved it takes pycrdt's public API.
 """
 
 from __future__ import annotations
 
-import json
 import weakref
 from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from pycrdt import Array, Doc, Map, Text, Transaction
+from pycrdt import Array, Doc, Map, Text
 
 from .._errors import CollectionKindMismatch, InvalidUpdate, PayloadTooLarge
 from .._journal import NewEntry, Op, checksum
@@ -24,6 +23,7 @@ from .._values import from_stored
 from ..codec import Decoded, check_update_counts, decode_update
 from ._item_provenance import ItemIndex
 from ._provenance import Meta, ProvenanceIndex
+from ._pycrdt import DirectTransaction, insert_all, insert_one, list_values, observe_updates
 
 REGISTRY = "__crdtstore_collections"
 
@@ -32,81 +32,6 @@ KINDS: dict[str, type[Any]] = {"map": Map, "list": Array, "text": Text}
 DEFAULT_MAX_UPDATE = 16 * 1024 * 1024
 
 _EMPTY_UPDATES = (b"\x00\x00",)
-
-
-def _json_number(text: str) -> Any:
-    return from_stored(float(text))
-
-
-def list_values(root: Array[Any]) -> list[Any]:
-    """Every value of the list ``root``, as :func:`from_stored` gives them, read in one call.
-
-    pycrdt reads an array item by item, each in a transaction of its own that seeks to the
-    index: 7-10 us an item (a list of 1M small dicts: about 9 s). yrs can write the whole array
-    as JSON instead (``to_json`` of the integrated array), which is parsed with every number
-    made what :func:`from_stored` makes of the float yrs holds: about 2.3 us an item for the
-    same list, 0.6 of them in yrs (about 4x faster). Values crdtstore writes are JSON
-    already; what only a plain Yjs client can store comes out as JSON too: a nested shared
-    type as its plain content, binary as a list of byte values, a big integer beyond 2**53 as
-    a float. Falls back to the item by item read if this pycrdt lacks the call.
-    """
-    integrated = getattr(root, "_integrated", None)
-    if integrated is None or not hasattr(integrated, "to_json"):  # pragma: no cover
-        return [from_stored(v) for v in root]  # (another pycrdt, or a list not in a doc)
-    with root.doc.transaction() as txn:
-        rtxn = txn._txn
-        assert rtxn is not None
-        text = integrated.to_json(rtxn)
-    values: list[Any] = json.loads(text, parse_int=_json_number, parse_float=_json_number)
-    return values
-
-
-def _direct_insert_works() -> bool:
-    """Whether this pycrdt's internals are as the write path's shortcuts expect (checked once
-    at import, on scratch documents; if not, the write path takes pycrdt's public API):
-
-    - a map set goes straight to yrs, ``root._integrated.insert(txn, key, value)``, which is
-      what ``root[key] = value`` ends in for a value that is not a shared type (without its
-      two nested Python transaction frames): :meth:`Replica.do_set`, :meth:`Replica.local_set`;
-    - a transaction is a yrs transaction made, committed and dropped while ``doc._txn`` names
-      a pycrdt ``Transaction`` holding it, which is what ``with doc.transaction():`` does
-      when none is open (:meth:`Replica.local_set`);
-    - a callback given to the yrs document's ``observe`` gets every committed transaction's
-      event with its ``update`` (the capture, without pycrdt's wrapper frame).
-    """
-    try:
-        doc: Doc[Any] = Doc()
-        root = doc.get("m", type=Map)
-        seen: list[bytes] = []
-        sub = doc._doc.observe(lambda event: seen.append(event.update))
-        with doc.transaction() as outer:
-            root._integrated.insert(outer._txn, "a", 1)
-        wtxn = Transaction(doc)
-        txn = doc._doc.create_transaction()
-        wtxn._txn, wtxn._leases, doc._txn = txn, 1, wtxn
-        root._integrated.insert(txn, "k", {"v": [1]})
-        txn.commit()
-        txn.drop()
-        wtxn._txn, wtxn._leases, doc._txn = None, 0, None
-        other: Doc[Any] = Doc()
-        for update in seen:
-            other.apply_update(update)
-        want = {"a": 1.0, "k": {"v": [1.0]}}
-        ok = (
-            len(seen) == 2
-            and dict(root.items()) == want
-            and dict(other.get("m", type=Map).items()) == want
-            and doc._allow_multithreading is False
-            and doc._exceptions == []
-            and doc._txn is None
-        )
-        del sub
-        return ok
-    except Exception:  # pragma: no cover - another pycrdt
-        return False
-
-
-_DIRECT_INSERT = _direct_insert_works()
 
 
 class ReplicaDocument(ProvenanceIndex):
@@ -133,7 +58,7 @@ class ReplicaDocument(ProvenanceIndex):
         # the last update check_update decoded, and what it read (apply_external of the same
         # bytes, checked=True, does not decode them again)
         self.last_checked: tuple[bytes, Decoded] | None = None
-        self._wtxn: Any = None  # the transaction object local_set reuses (see there)
+        self._direct: DirectTransaction | None = None  # what local_set reuses (see there)
         self.partial_update: bytes | None = None
         self._capture: Any = self.capture_transactions()
         self.items = ItemIndex()  # who brought each list or text item
@@ -162,7 +87,7 @@ class ReplicaDocument(ProvenanceIndex):
 
     def capture_transactions(self) -> Any:
         """Observe this replica's document for the capture (:meth:`_on_transaction`): on the
-        yrs document itself when it can (see ``_direct_insert_works``), through a weak
+        yrs document itself when it can (see :mod:`._pycrdt`), through a weak
         reference to the replica. A bound method given to yrs is held from the Rust side,
         where the garbage collector cannot see it: the replica and its document were never
         freed (every record closed, every scratch copy and replay leaked its document).
@@ -174,11 +99,7 @@ class ReplicaDocument(ProvenanceIndex):
             if replica is not None:
                 replica._on_transaction(event)
 
-        return (
-            self.doc._doc.observe(on_transaction)
-            if _DIRECT_INSERT
-            else self.doc.observe(on_transaction)
-        )
+        return observe_updates(self.doc, on_transaction, self)
 
     def kind_of(self, name: str) -> str | None:
         """The kind the registry gives ``name`` (None when unregistered or not a kind)."""
@@ -329,42 +250,26 @@ class ReplicaDocument(ProvenanceIndex):
         """:meth:`local` of one map set, ``ops == [["map", name, "set", key, stored]]`` on the
         collection's root ``root``: the hot path of a local write.
 
-        The value goes straight to yrs in a yrs transaction made, committed and dropped here
-        while ``doc._txn`` names a pycrdt ``Transaction`` object kept for the document: what
-        ``with doc.transaction(): root[key] = stored`` does when no transaction is open,
-        without pycrdt's Python frames (see :func:`_direct_insert_works`; otherwise, or with a
-        transaction open, or a collection not registered as a map yet, this is
-        :meth:`local`). The update is captured as by :meth:`local`; an error leaves what was
-        applied in :attr:`partial_update` as there.
+        The value goes straight to yrs (:class:`._pycrdt.DirectTransaction`: what ``with
+        doc.transaction(): root[key] = stored`` does when no transaction is open, without
+        pycrdt's Python frames; otherwise, or with a transaction open, or a collection not
+        registered as a map yet, this is :meth:`local`). The update is captured as by
+        :meth:`local`; an error leaves what was applied in :attr:`partial_update` as there.
         """
         _, name, _, key, stored = ops[0]
-        doc = self.doc
-        wtxn = self._wtxn
-        if wtxn is None or wtxn._doc is not doc:  # (a simulation may swap the document)
-            direct = _DIRECT_INSERT and not doc._allow_multithreading
-            wtxn = self._wtxn = Transaction(doc) if direct else None
-        if wtxn is None or doc._txn is not None or self._kinds.get(name) != "map":
+        direct = self._direct
+        if direct is None or direct.doc is not self.doc:  # (a simulation may swap the document)
+            direct = self._direct = DirectTransaction(self.doc)
+        if not direct.usable() or self._kinds.get(name) != "map":
             return self.local(ops, partial(root.__setitem__, key, stored), meta)
         self._captured = None
         self._capturing = True
-        # what `with doc.transaction():` does when none is open, without its Python frames
-        txn = doc._doc.create_transaction()
-        wtxn._txn, wtxn._leases, doc._txn = txn, 1, wtxn
         try:
-            try:
-                root._integrated.insert(txn, key, stored)
-            finally:
-                txn.commit()  # (no rollback: what was applied is committed)
-            if doc._exceptions:  # an observer failed (pycrdt's observe wrapper kept it)
-                exceptions = tuple(doc._exceptions)
-                doc._exceptions.clear()
-                raise ExceptionGroup("Observer callback error", exceptions)
+            direct.set(root, key, stored)
         except BaseException:
             self.partial_update = self._captured
             raise
         finally:
-            txn.drop()
-            wtxn._txn, wtxn._leases, doc._txn = None, 0, None
             self._capturing = False
         keys = self.index.get(name)
         if keys is None:
@@ -378,14 +283,7 @@ class ReplicaDocument(ProvenanceIndex):
         """``root[key] = stored`` for every pair of ``items``, inside the document's open
         transaction (an ``apply`` of :meth:`local` or :meth:`do`), each value going straight
         to yrs as in :meth:`local_set`."""
-        txn = root.doc._txn
-        if _DIRECT_INSERT and txn is not None and txn._txn is not None:
-            insert, rtxn = root._integrated.insert, txn._txn
-            for key, stored in items:
-                insert(rtxn, key, stored)
-        else:
-            for key, stored in items:
-                root[key] = stored
+        insert_all(root, items)
 
     def do_set(self, root: Any, name: str, key: str, stored: Any, meta: Meta) -> None:
         """:meth:`do` of one map set (``["map", name, "set", key, stored]`` on ``root``)
@@ -393,11 +291,7 @@ class ReplicaDocument(ProvenanceIndex):
         :meth:`local_set`."""
         if self._kinds.get(name) != "map":
             self._register(name, "map")
-        cm = self._txn_cm
-        if _DIRECT_INSERT and cm is not None and cm._txn is not None:
-            root._integrated.insert(cm._txn, key, stored)
-        else:
-            root[key] = stored
+        insert_one(root, self._txn_cm, key, stored)
         keys = self.index.get(name)
         if keys is None:
             keys = self.index[name] = {}

@@ -20,9 +20,10 @@ from .._journal import Op, Row, checksum
 from .._values import from_stored
 from ._document import _EMPTY_UPDATES, DEFAULT_MAX_UPDATE, KINDS, ReplicaDocument
 from ._provenance import _SETTLE_MIN
+from ._pycrdt import ABSENT, map_get, raw
 
 log = logging.getLogger("crdtstore.replica")
-_ABSENT: Any = object()
+_ABSENT: Any = ABSENT  # (map_get's: a key that is not there)
 
 
 def tree_merge(updates: Sequence[bytes], fan_in: int = 64) -> bytes:
@@ -113,7 +114,7 @@ class JournalReplay(ReplicaDocument):
                                 type(named) is not int or named > row.seq
                             ):  # (a Meta: not journaled yet, so later than the row)
                                 before.setdefault(
-                                    (op[1], op[3]), self._map_value(op[1], op[3], txn._txn)
+                                    (op[1], op[3]), self._map_value(op[1], op[3], raw(txn))
                                 )
                 try:
                     # journal entries passed their checksum: skip the trial decode that
@@ -145,7 +146,7 @@ class JournalReplay(ReplicaDocument):
                 self.items.applied_rows(applied)
             if not touched:
                 return
-            winners = self._winners(touched, txn._txn, before)
+            winners = self._winners(touched, raw(txn), before)
         for seq in sorted(winners):  # in journal order: the table appends
             row = winners[seq]
             self._remember(seq, row.agent, row.source, row.wall_time, row.origin)
@@ -154,31 +155,28 @@ class JournalReplay(ReplicaDocument):
         if any(len(index.get(name, ())) >= _SETTLE_MIN for name, _ in touched):
             self._settle()
 
-    def _map_value(self, coll: str, key: str, raw: Any) -> Any:
-        """The value of ``coll[key]`` inside the open transaction ``raw`` (``_ABSENT``: not
+    def _map_value(self, coll: str, key: str, rtxn: Any) -> Any:
+        """The value of ``coll[key]`` inside the open transaction ``rtxn`` (``_ABSENT``: not
         there, or ``coll`` is not a map)."""
         kind = self._kinds.get(coll)
         if kind is None:
-            registry = self.registry.integrated
-            kind = registry.get(raw, coll) if registry.has(raw, coll) else None
+            kind = map_get(self.registry, rtxn, coll)
         if kind in KINDS and kind != "map":
             return _ABSENT
         root = self._roots.get((coll, "map"))
         if root is None:
             return _ABSENT  # (never read as a map here: nothing to compare with)
-        integrated = root.integrated
-        if not integrated.has(raw, key):
-            return _ABSENT
-        return from_stored(root._maybe_as_type_or_doc(integrated.get(raw, key)))
+        value = map_get(root, rtxn, key)
+        return value if value is _ABSENT else from_stored(value)
 
     def _winners(
         self,
         touched: dict[tuple[str, str], list[tuple[Op, Row]]],
-        raw: Any,
+        rtxn: Any,
         before: dict[tuple[str, str], Any],
     ) -> dict[int, Row]:
-        """For :meth:`apply_rows`, inside its transaction (``raw`` is pycrdt's transaction
-        object): index each touched key under the last entry whose write left its current
+        """For :meth:`apply_rows`, inside its transaction (``rtxn``: :func:`._pycrdt.raw` of
+        it): index each touched key under the last entry whose write left its current
         value; return those entries by position.
 
         Two concurrent writes of one value cannot be told apart, so every replica must name
@@ -186,13 +184,12 @@ class JournalReplay(ReplicaDocument):
         entry later than this batch's rows (this replica's own write, journaled or not yet)
         and whose value the batch left as it was (``before``) keeps that entry.
 
-        Reads through the integrated (Rust) objects with the open transaction: pycrdt's
-        ``Map.get`` opens a nested transaction three times and checks the key twice, which
-        made it the largest part of applying a one-key entry.
+        Reads with :func:`._pycrdt.map_get` in the open transaction (pycrdt's ``Map.get`` was
+        the largest part of applying a one-key entry).
         """
         winners: dict[int, Row] = {}
         kinds = self._kinds
-        registry = self.registry.integrated
+        registry = self.registry
         index = self.index
         name = ""
         root: Any = None
@@ -201,7 +198,7 @@ class JournalReplay(ReplicaDocument):
                 name = coll
                 kind = kinds.get(coll)
                 if kind is None:
-                    kind = registry.get(raw, coll) if registry.has(raw, coll) else None
+                    kind = map_get(registry, rtxn, coll)
                     if kind in KINDS:
                         kinds[coll] = kind
                 if kind in KINDS and kind != "map":
@@ -212,12 +209,9 @@ class JournalReplay(ReplicaDocument):
                         root = self.root(coll, "map")
             if root is None:
                 continue
-            integrated = root.integrated
-            if integrated.has(raw, key):
-                current = root._maybe_as_type_or_doc(integrated.get(raw, key))
+            current = map_get(root, rtxn, key)
+            if current is not _ABSENT:
                 value = from_stored(current)
-            else:
-                current = _ABSENT
             winner = None
             for op, row in reversed(writes):
                 if current is _ABSENT:

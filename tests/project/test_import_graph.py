@@ -207,6 +207,7 @@ RECORD_LAYERS = [
     "_document",
     "_item_provenance",
     "_provenance",
+    "_pycrdt",
     "_textdiff",
 ]
 

@@ -189,3 +189,42 @@ def test_the_boundary_check_leaves_public_use_alone() -> None:
         "def f(rec, self):\n    rec.apply_update(b'', writer=None)\n    self._x = rec.store\n"
     )
     assert _crdtstore_reaches(source) == []
+
+
+# pycrdt's private attributes the record relies on: only crdtstore/record/_pycrdt.py may name them
+_PYCRDT_PRIVATE = {
+    "_integrated",
+    "_txn",
+    "_doc",
+    "_maybe_as_type_or_doc",
+    "_allow_multithreading",
+    "_exceptions",
+}
+
+
+def _names_pycrdt_private(node: ast.AST) -> bool:
+    if isinstance(node, ast.Attribute):
+        return node.attr in _PYCRDT_PRIVATE
+    if isinstance(node, ast.ImportFrom):
+        return (node.module or "").startswith("pycrdt._")
+    if isinstance(node, ast.Import):
+        return any(a.name.startswith("pycrdt._") for a in node.names)
+    return False
+
+
+def _private_pycrdt_uses(source: str) -> list[int]:
+    return [n.lineno for n in ast.walk(ast.parse(source)) if _names_pycrdt_private(n)]  # type: ignore[attr-defined]
+
+
+def test_only_the_adapter_reaches_into_pycrdt() -> None:
+    adapter = ROOT / "crdtstore" / "record" / "_pycrdt.py"
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for pkg in ("crdtstore", "sync")
+        for path in sorted((ROOT / pkg).rglob("*.py"))
+        if path != adapter
+        for line in _private_pycrdt_uses(path.read_text(encoding="utf-8"))
+    ]
+    assert offenders == []
+    assert _private_pycrdt_uses(adapter.read_text(encoding="utf-8"))  # (the check sees them)
+    assert _private_pycrdt_uses("from pycrdt._base import BaseType\nx = root._integrated")
