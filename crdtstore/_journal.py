@@ -203,40 +203,11 @@ class JournalBackend(ABC):
     """Where journals live. One instance per open store, used from one event loop.
 
     Implementations translate their driver's errors into :class:`BackendError`. All methods
-    take an already validated tenant and run name.
+    take an already validated tenant and run name. A journal behind a server implements
+    :class:`~crdtstore._remote_journal.RemoteJournal` as well.
     """
 
     name: str = "journal"
-    remote: bool = False
-    """True for a journal behind a server (``ws://``) that a record cannot hold a transaction
-    on: :meth:`authority` is unsupported and guarded writes are sent to the server instead
-    (built on a scratch copy of the document, see ``Record._write_guarded``)."""
-
-    def bind(self, wake: Callable[[str, str], None]) -> None:
-        """Called by the store with its wake-up function (``wake(tenant, run)`` wakes the
-        readers of the run) for backends that learn of new entries by other means than
-        :meth:`notify_url` (``ws://``: the hub's pushes). The default ignores it."""
-        return None  # an optional hook (not abstract)
-
-    def attach(self, tenant: str, run: str, record: Any) -> None:
-        """Called by a record of ``run`` once it has loaded (and :meth:`detach` when it
-        closes), for backends that resync it themselves (``ws://``: the state-vector
-        exchange on every reconnect). The default ignores it."""
-        return None  # an optional hook (not abstract)
-
-    def detach(self, tenant: str, run: str, record: Any) -> None:
-        """The record given to :meth:`attach` closes. The default ignores it."""
-        return None
-
-    async def identity(self, tenant: str, run: str) -> tuple[str, str] | None:
-        """The (agent, source) that the backend attributes every write of ``run`` to, when it
-        decides it rather than the record (``ws://``: the token's); None otherwise."""
-        return None
-
-    async def read_only(self, tenant: str, run: str) -> bool:
-        """Whether writes to ``run`` will be refused (``ws://`` with a ``ro`` token): the
-        record then refuses them before touching its document."""
-        return False
 
     @abstractmethod
     async def open(self) -> None:

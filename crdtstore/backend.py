@@ -6,9 +6,10 @@ crdtstore only through ``crdtstore``, ``crdtstore.codec``, ``crdtstore.record`` 
 (checked by tests/project/test_layering.py). What every journal backend implements is
 :class:`JournalBackend` (with :class:`Authority`, the rows and entries it stores); a backend
 that decides guarded writes in its append implements :class:`AtomicGuardedAppend` as well,
-and a backend behind a server :class:`RemoteGuardedAppend`. Lease backends implement
-:class:`LeaseBackend`; the checks of lease arguments and the fence error are shared here so
-that a remote lease service refuses exactly what the local engine refuses.
+and a backend behind a server :class:`RemoteJournal` (what only a remote journal needs: the
+server's pushes, resync, attribution, read-only runs) and :class:`RemoteGuardedAppend`. Lease
+backends implement :class:`LeaseBackend`; the checks of lease arguments and the fence error
+are shared here so that a remote lease service refuses exactly what the local engine refuses.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from ._leases._engine import check_owner as check_owner
 from ._leases._engine import check_ttl as check_ttl
 from ._leases._engine import fence_error as fence_error
 from ._names import check_name as check_name
+from ._remote_journal import RemoteJournal as RemoteJournal
 
 if TYPE_CHECKING:
     from ._backends.redis import Persistence
@@ -60,6 +62,7 @@ __all__ = [
     "NewEntry",
     "Proc",
     "RemoteGuardedAppend",
+    "RemoteJournal",
     "Row",
     "RunRow",
     "SnapshotRow",

@@ -29,6 +29,7 @@ from pycrdt import Doc, Map
 from ._errors import UnknownRun, UnsupportedOperation
 from ._journal import MAX_CALL, JournalBackend, NewEntry, SnapshotRow, checksum
 from ._leases._conformance import check_lease_backend
+from ._remote_journal import RemoteJournal
 from .record._document import REGISTRY
 
 __all__ = ["check_attributing_journal_backend", "check_journal_backend", "check_lease_backend"]
@@ -377,6 +378,7 @@ async def _a_append_assigns_dense_positions(b: JournalBackend, t: str, r: str) -
     assert [x.seq for x in rows] == [1, 2, 3]
     assert (rows[0].client_id, rows[0].update) == (4242, first.update)
     assert rows[0].checksum == checksum(first.update)
+    assert isinstance(b, RemoteJournal), "an attributing backend is a RemoteJournal"
     identity = await b.identity(t, r)
     assert identity is not None, "an attributing backend names its writer (identity)"
     assert (rows[0].agent, rows[0].source) == identity, "entries carry the backend's writer"

@@ -75,6 +75,7 @@ from crdtstore.backend import (
     JournalBackend,
     LeaseBackend,
     NewEntry,
+    RemoteJournal,
     Row,
     RunRow,
     SnapshotRow,
@@ -114,7 +115,7 @@ _RETRIED = frozenset(
 )
 
 
-class WsJournal(JournalBackend):
+class WsJournal(JournalBackend, RemoteJournal):
     """The journals of one tenant, served by the hub at ``url`` (``ws[s]://host:port/<tenant>``).
 
     Args:
@@ -133,7 +134,6 @@ class WsJournal(JournalBackend):
     """
 
     name = "ws"
-    remote = True
 
     def __init__(
         self,

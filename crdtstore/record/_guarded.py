@@ -41,6 +41,7 @@ from .._guarded_append import (
 from .._journal import Authority, NewEntry, Op
 from .._models import Version
 from .._names import check_name
+from .._remote_journal import RemoteJournal
 from .._values import from_stored
 from ._pipeline import _TXN, WritePipeline
 from ._provenance import Meta
@@ -79,7 +80,7 @@ class GuardedWrites(WritePipeline):
             if _TXN.get() is self._txn_task:
                 raise InvalidValue("a guarded write cannot be part of rec.transaction()")
             await self._txn_idle.wait()
-        if self._backend.remote:
+        if isinstance(self._backend, RemoteJournal):
             return await self._write_guarded_remote(name, key, expected, ops, based_on, fence)
         atomic = self._atomic_backend(fence is not None)
         if atomic is not None:
@@ -262,7 +263,7 @@ class GuardedWrites(WritePipeline):
         based_on: Version | None,
         fence: tuple[Lease, str] | None,
     ) -> int:
-        """:meth:`_write_guarded` for a journal behind a server (``backend.remote``): no
+        """:meth:`_write_guarded` for a journal behind a server (a :class:`RemoteJournal`): no
         transaction can be held there, so the write is made on a scratch copy of the document
         (a fresh client id: it cannot clash with local writes made meanwhile) and sent with
         its guard; the server checks the guard and journals it (``append_guarded``), and

@@ -31,6 +31,7 @@ from .._errors import (
 )
 from .._models import HistoryEntry, Provenance
 from .._names import check_name
+from .._remote_journal import RemoteJournal
 from .._semantics import CollectionSpec, spec_from_declaration
 from ._collections import CollectionHost, ListCollection, TextCollection
 from ._counter import CounterCollection
@@ -75,12 +76,12 @@ class Record(ForeignWrites):
         info = await self._backend.ensure_run(
             self.tenant, self.run, create=self._create, parent=self.parent
         )
-        identity = await self._backend.identity(self.tenant, self.run)
-        if identity is not None:  # the backend names the writer (ws://: the token's agent)
-            self.agent, self.source = identity
+        remote = self._backend if isinstance(self._backend, RemoteJournal) else None
+        if remote is not None:  # the server names the writer (ws://: the token's agent)
+            self.agent, self.source = await remote.identity(self.tenant, self.run)
             self._named_by_backend = True
-        if await self._backend.read_only(self.tenant, self.run):
-            self._read_only = ReadOnlyAccess(self.tenant, self.run)
+            if await remote.read_only(self.tenant, self.run):
+                self._read_only = ReadOnlyAccess(self.tenant, self.run)
         # a nested run shares the record of its root run, under its own attribution
         seen = {info.run}
         while info.parent is not None:
@@ -102,7 +103,8 @@ class Record(ForeignWrites):
         await self._store._spawn(self._background)
         self._state = "open"
         self._store._records.add(self)
-        self._backend.attach(self.tenant, self._jrun, self)
+        if remote is not None:
+            remote.attach(self.tenant, self._jrun, self)
         return self
 
     async def aclose(self) -> None:
@@ -125,7 +127,8 @@ class Record(ForeignWrites):
         finally:
             self._state = "closed"
             self._store._records.discard(self)
-            self._backend.detach(self.tenant, self._jrun, self)
+            if isinstance(self._backend, RemoteJournal):
+                self._backend.detach(self.tenant, self._jrun, self)
             if self._watch is not None:
                 self._store._notifier.unwatch(self.tenant, self._jrun)
             for sub in self._subscribers:
