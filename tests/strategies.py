@@ -21,8 +21,10 @@ from typing import Any, NamedTuple
 from hypothesis import strategies as st
 
 import crdtstore
-from crdtstore._replica import Meta, Replica, apply_text_edits, text_diff
 from crdtstore._values import to_stored
+from crdtstore.record._provenance import Meta
+from crdtstore.record._replica import Replica
+from crdtstore.record._textdiff import apply_text_edits, text_diff
 
 MAX_SAFE_INT = 2**53
 

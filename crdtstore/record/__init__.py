@@ -4,7 +4,7 @@ A :class:`Record` is a run's document opened as one writer; a :class:`Replica` i
 with crdtstore's bookkeeping and no I/O. Each is a stack of base classes, one module each; a
 module imports only modules below it in this drawing (type-checking imports aside; checked by
 tests/project/test_import_graph.py) and crdtstore's lower layers (``_journal``, ``_semantics``,
-``_models``, ``_values``, ``_names``, ``_errors``, ``_leases``, ``_heap``, ``_v1``,
+``_models``, ``_values``, ``_names``, ``_errors``, ``_leases``, ``_heap``, ``codec``,
 ``_counter_rules``)::
 
     _record         Record: lifecycle, declarations, collection handles, reads

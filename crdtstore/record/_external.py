@@ -15,16 +15,16 @@ from typing import Any, Self
 from pycrdt import merge_updates
 
 from .._journal import Op
-from .._v1 import (
+from ..codec import (
     TYPE_REFS,
+    CodecError,
     Decoded,
     KeyIndex,
-    UpdateDecodeError,
+    decode_delete_set,
+    decode_state_vector,
     decode_update,
-    read_delete_set,
-    read_state_vector,
+    encode_state_vector,
     root_kinds,
-    write_state_vector,
 )
 from ._document import DEFAULT_MAX_UPDATE, REGISTRY
 from ._effects import (
@@ -95,7 +95,7 @@ class ExternalUpdates(JournalReplay):
           one ``ins`` at 0).
 
         An overwrite does not carry its key in the bytes (only its origin, the entry it
-        replaces), nor does a deletion: the replica keeps a :class:`crdtstore._v1.KeyIndex`
+        replaces), nor does a deletion: the replica keeps a :class:`crdtstore.codec.KeyIndex`
         of the map entries by item id, filled from the updates applied here and, when other
         transactions (local writes, journal entries) changed the document since, from the
         document's encoding of what they added (each item decoded once: the first call on a
@@ -107,7 +107,7 @@ class ExternalUpdates(JournalReplay):
 
         ``register``: also register the root types the document holds that the registry does
         not name (what a plain Yjs client's ``doc.getMap("notes")`` writes): their kind is
-        read from the items of ``update`` (:func:`crdtstore._v1.root_kinds`), or of the
+        read from the items of ``update`` (:func:`crdtstore.codec.root_kinds`), or of the
         whole document for a root the update only appends to. They are registered in a
         transaction of this replica whose update is merged into the returned delta, so the
         entry journaled with it registers them for every replica. A name registered already
@@ -131,7 +131,7 @@ class ExternalUpdates(JournalReplay):
                 decoded: Decoded | None = last[1]
             else:
                 decoded = decode_update(update)
-        except UpdateDecodeError as exc:
+        except CodecError as exc:
             log.warning("cannot decode an external update, effect from events: %s", exc)
             decoded = None
         kinds_held = before.values()
@@ -195,7 +195,7 @@ class ExternalUpdates(JournalReplay):
         if self._keys is not None:
             try:
                 self._catch_up()
-            except UpdateDecodeError:
+            except CodecError:
                 return scratch
             scratch._keys = self._keys.copy()
             scratch._keys_sv = dict(self._keys_sv)
@@ -214,13 +214,13 @@ class ExternalUpdates(JournalReplay):
         it already.
 
         Raises:
-            UpdateDecodeError: the document holds content this decoder cannot read.
+            CodecError: the document holds content this decoder cannot read.
         """
         if self._keys_at == self._transactions:
             return False
-        diff = self.doc.get_update(write_state_vector(self._keys_sv))
+        diff = self.doc.get_update(encode_state_vector(self._keys_sv))
         self._key_index().index(decode_update(diff))
-        self._keys_sv = read_state_vector(self.doc.get_state())
+        self._keys_sv = decode_state_vector(self.doc.get_state())
         self._keys_at = self._transactions
         return True
 
@@ -236,7 +236,7 @@ class ExternalUpdates(JournalReplay):
         if self._keys_at != self._transactions:
             try:
                 self._catch_up()
-            except UpdateDecodeError as exc:
+            except CodecError as exc:
                 log.warning("cannot decode the map entries held (effect from events): %s", exc)
                 return None
         refs, fresh = keys.index(decoded)
@@ -276,8 +276,8 @@ class ExternalUpdates(JournalReplay):
                 gone = decoded.deletes  # (the usual case: it deleted what the update says)
             else:
                 try:
-                    gone = read_delete_set(deleted)
-                except UpdateDecodeError:  # pragma: no cover - pycrdt's own encoding
+                    gone = decode_delete_set(deleted)
+                except CodecError:  # pragma: no cover - pycrdt's own encoding
                     log.warning("cannot read a transaction's delete set")
         lost: list[Op] = []
         won: list[Op] = []
@@ -501,7 +501,7 @@ class ExternalUpdates(JournalReplay):
                 # a root the update only appends to: its first items are in the document
                 whole = root_kinds(self.doc.get_update())
                 found = {n: found.get(n) or whole.get(n, set()) for n in unknown}
-        except UpdateDecodeError as exc:
+        except CodecError as exc:
             log.warning("cannot read the roots of an external update: %s", exc)
             return None
         kinds: dict[str, str] = {}

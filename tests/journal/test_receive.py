@@ -13,7 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from crdtstore._journal import Op, Row, checksum
-from crdtstore._replica import Meta, Replica
+from crdtstore.record._provenance import Meta
+from crdtstore.record._replica import Replica
 
 WRITERS = 3
 KEYS = 4

@@ -38,7 +38,7 @@ from crdtstore import (
     open_store,
 )
 from crdtstore._backends.sqlite import SQLiteJournal, _SQLiteAuthority
-from crdtstore._replica import REGISTRY
+from crdtstore.record._document import REGISTRY
 from sync._client import WsJournal
 from tests.network.test_sync_client import (
     RUN,

@@ -16,7 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pycrdt import Array, Doc, Map, Text
 
-from crdtstore._replica import KINDS, REGISTRY, Meta, Replica
+from crdtstore.record._document import KINDS, REGISTRY
+from crdtstore.record._provenance import Meta
+from crdtstore.record._replica import Replica
 
 # each name holds items of one kind (reading a root as another type can hang pycrdt); the
 # registry says that kind, a kind crdtstore does not know, or nothing, changing concurrently

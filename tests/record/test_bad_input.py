@@ -33,7 +33,7 @@ from crdtstore import (
     tree_merge,
 )
 from crdtstore._journal import Row, checksum
-from crdtstore._replica import REGISTRY
+from crdtstore.record._document import REGISTRY
 
 pytestmark = pytest.mark.anyio
 

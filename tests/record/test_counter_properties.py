@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 import crdtstore
 from crdtstore import Replica, tree_merge
 from crdtstore._counter_rules import contribution_key, number, total
-from crdtstore._replica import Meta
+from crdtstore.record._provenance import Meta
 
 NAME = "tokens_used"
 

@@ -19,8 +19,11 @@ from pycrdt import Array, Doc, Map, Text, merge_updates
 
 import crdtstore
 from crdtstore import InvalidUpdate
-from crdtstore._replica import REGISTRY, Meta, Replica
-from crdtstore._v1 import KeyIndex, UpdateDecodeError, decode_update
+from crdtstore.codec import CodecError as UpdateDecodeError
+from crdtstore.codec import KeyIndex, decode_update
+from crdtstore.record._document import REGISTRY
+from crdtstore.record._provenance import Meta
+from crdtstore.record._replica import Replica
 from tests.network.test_sync_hub import RUN, TENANT, running_hub, token
 
 pytestmark = pytest.mark.anyio

@@ -20,8 +20,11 @@ from hypothesis import strategies as st
 from pycrdt import Array, Doc, Map, Text
 
 import crdtstore
-from crdtstore._replica import REGISTRY, Replica
-from crdtstore._v1 import UpdateDecodeError, root_kinds
+from crdtstore.codec import CodecError as UpdateDecodeError
+from crdtstore.codec import root_kinds
+from crdtstore.record._document import REGISTRY
+from crdtstore.record._provenance import Meta
+from crdtstore.record._replica import Replica
 
 pytestmark = pytest.mark.anyio
 DEADLINE = 10.0
@@ -206,7 +209,7 @@ def test_a_root_the_update_only_appends_to_is_read_from_the_whole_document() -> 
 def test_a_name_registered_as_another_kind_is_left_alone_and_replicas_agree() -> None:
     a, b = Replica(), Replica()
     # a crdtstore writer made "x" a list; concurrently a plain client writes map entries to it
-    meta = crdtstore._replica.Meta("py", "tool", 0.0, None)
+    meta = Meta("py", "tool", 0.0, None)
     update_a = a.local([["list", "x", "ins", 0, [1]]], lambda: a.root("x", "list").append(1), meta)
     assert update_a is not None
     client = PlainClient()
@@ -224,7 +227,7 @@ def test_a_name_registered_as_another_kind_is_left_alone_and_replicas_agree() ->
 
 def test_concurrent_registrations_of_two_kinds_converge() -> None:
     a, b = Replica(), Replica()
-    meta = crdtstore._replica.Meta("py", "tool", 0.0, None)
+    meta = Meta("py", "tool", 0.0, None)
     update_a = a.local([["list", "x", "ins", 0, [1]]], lambda: a.root("x", "list").append(1), meta)
     client = PlainClient()
     client.map("x")["k"] = 1

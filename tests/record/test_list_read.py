@@ -1,4 +1,4 @@
-"""A list is read in one call (``crdtstore._replica.list_values``, yrs writing the array as
+"""A list is read in one call (``crdtstore.record._pycrdt.list_values``, yrs writing the array as
 JSON) with exactly the values the item by item read gives for everything crdtstore stores."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from pycrdt import Array, Doc, Map, Text
 
 import crdtstore
-from crdtstore._replica import list_values
 from crdtstore._values import from_stored
+from crdtstore.record._pycrdt import list_values
 
 pytestmark = pytest.mark.anyio
 

@@ -27,7 +27,8 @@ from pycrdt import Doc, Map, Text
 
 import crdtstore
 from crdtstore import Replica, tree_merge
-from crdtstore._replica import Meta, apply_text_edits, text_diff
+from crdtstore.record._provenance import Meta
+from crdtstore.record._textdiff import apply_text_edits, text_diff
 from tests.strategies import (
     UNICODE_SAMPLES,
     UNICODE_TEXT,

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 import crdtstore
 from crdtstore._journal import Op, Row, checksum
-from crdtstore._replica import Meta, Replica, _EntryTable, _Settled
+from crdtstore.record._provenance import Meta, _EntryTable, _Settled
+from crdtstore.record._replica import Replica
 
 AGENTS = ("alice", "bob", "carol")
 SOURCES = ("model", "tool", "user")

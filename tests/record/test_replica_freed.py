@@ -24,7 +24,7 @@ import pytest
 from pycrdt import Doc, Map
 
 from crdtstore import CollectionSpec, open_store
-from crdtstore._replica import Replica
+from crdtstore.record._replica import Replica
 
 pytestmark = pytest.mark.anyio
 

@@ -24,7 +24,7 @@ import pytest
 
 import crdtstore
 from crdtstore import Replica, tree_merge
-from crdtstore._replica import Meta
+from crdtstore.record._provenance import Meta
 
 pytestmark = pytest.mark.anyio
 
