@@ -2,16 +2,14 @@
 
 Modules: ``_resources`` (canonical names), ``_rule`` (the grant rule, pure), ``_engine`` (the
 lease table's transitions, pure), ``_clock`` (boot clock, process identity), ``_backend`` (the
-interface), ``_memory`` / ``_sqlite`` (backends), ``_api`` (``store.leases``, ``store.lease``),
-``_conformance`` (``check_lease_backend``).
+interface; the backends live with their journals in ``crdtstore/_backends/``), ``_api``
+(``store.leases``, ``store.lease``), ``_conformance`` (``check_lease_backend``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .._backends.memory import MemoryJournal
-from .._backends.sqlite import SQLiteJournal
 from .._journal import JournalBackend
 from ._api import Lease as Lease
 from ._api import Leases as Leases
@@ -23,8 +21,6 @@ from ._clock import ProcessProbe as ProcessProbe
 from ._clock import SystemClock as SystemClock
 from ._clock import SystemProbe as SystemProbe
 from ._clock import this_proc as this_proc
-from ._memory import MemoryLeases as MemoryLeases
-from ._memory import memory_data_for
 from ._models import LeaseInfo as LeaseInfo
 from ._models import LeaseState as LeaseState
 from ._models import LeaseStatus as LeaseStatus
@@ -33,19 +29,13 @@ from ._resources import canonical_resources as canonical_resources
 from ._resources import item_resource as item_resource
 from ._rule import QueueEntry as QueueEntry
 from ._rule import grant_order as grant_order
-from ._sqlite import SQLiteLeases as SQLiteLeases
-from ._sqlite import check_fence as check_fence
 
 
 def lease_backend_for(journal: JournalBackend) -> LeaseBackend | None:
     """The lease backend that goes with a journal backend (same store), or None.
 
-    A third-party journal backend offers leases by defining ``lease_backend()``.
+    A journal backend offers leases by defining ``lease_backend()`` (every built-in one does).
     """
-    if isinstance(journal, SQLiteJournal):
-        return SQLiteLeases(journal)
-    if isinstance(journal, MemoryJournal):
-        return MemoryLeases(memory_data_for(journal._data))
     factory: Any = getattr(journal, "lease_backend", None)
     if callable(factory):
         backend = factory()
@@ -63,16 +53,13 @@ __all__ = [
     "LeaseState",
     "LeaseStatus",
     "Leases",
-    "MemoryLeases",
     "Proc",
     "ProcessProbe",
     "QueueEntry",
-    "SQLiteLeases",
     "SystemClock",
     "SystemProbe",
     "canonical_resource",
     "canonical_resources",
-    "check_fence",
     "grant_order",
     "item_resource",
     "lease_backend_for",

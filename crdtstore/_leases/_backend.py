@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from .._errors import CrdtStoreError
 from ._clock import Clock, Proc, ProcessProbe, SystemClock, SystemProbe
@@ -105,6 +105,15 @@ class LeaseBackend(ABC):
             LeaseLost: the lease is not granted, does not cover ``resource``, its token is not
                 ``token``, or it expired.
         """
+
+    async def check_within(
+        self, auth: Any, tenant: str, lease_id: str, resource: str, token: int
+    ) -> None:
+        """:meth:`check` for a fenced write inside the journal's authority transaction
+        ``auth`` (an :class:`~crdtstore._journal.Authority`). A backend whose leases live in
+        the journal's own database checks in that transaction, so that no lease transition
+        can come between the check and the write; the default checks on its own."""
+        await self.check(tenant, lease_id, resource, token)
 
 
 class TableBackend(LeaseBackend):

@@ -352,17 +352,7 @@ class GuardedWrites(WritePipeline):
     async def _check_fence_ids(
         self, auth: Authority, lease_id: str, token: int, resource: str
     ) -> None:
-        from .._leases import SQLiteLeases, check_fence
-
-        backend = self._store.leases.backend
-        tenant = self.tenant
-        if isinstance(backend, SQLiteLeases):
-            clock = backend.clock
-            await auth.run_sync(
-                lambda db: check_fence(db, lease_id, resource, token, tenant=tenant, clock=clock)
-            )
-        else:
-            await backend.check(tenant, lease_id, resource, token)
+        await self._store.leases.backend.check_within(auth, self.tenant, lease_id, resource, token)
 
     def fenced_resource(self, collection: str, key: str, lease: Lease) -> str:
         """The resource a fenced write of ``collection[key]`` is checked against: the key as a

@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 
 import crdtstore
 from crdtstore import BackendError
-from crdtstore._backends import _sqlite_inline as sqi
-from crdtstore._backends import sqlite as sq
 from crdtstore._backends.sqlite import SQLiteJournal
+from crdtstore._backends.sqlite import _inline as sqi
+from crdtstore._backends.sqlite import _journal as sq
 from crdtstore._journal import NewEntry
 from crdtstore._notify import Watch, _parse
 from tests._wait import until

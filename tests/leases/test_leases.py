@@ -19,14 +19,12 @@ from crdtstore import (
     LeaseNotFound,
     LeaseTimeout,
 )
-from crdtstore._backends.sqlite import SQLiteJournal
+from crdtstore._backends.memory import MemoryLeases
+from crdtstore._backends.sqlite import SQLiteJournal, SQLiteLeases, check_fence
 from crdtstore._leases import (
-    MemoryLeases,
     QueueEntry,
-    SQLiteLeases,
     canonical_resource,
     canonical_resources,
-    check_fence,
     grant_order,
     this_proc,
 )

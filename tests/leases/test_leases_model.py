@@ -23,10 +23,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from crdtstore import InvalidResource, LeaseHeld, LeaseLost, LeaseNotFound
-from crdtstore._backends.sqlite import SQLiteJournal
-from crdtstore._leases import FakeClock, LeaseBackend, MemoryLeases, Proc, SQLiteLeases
+from crdtstore._backends.memory import MemoryLeaseData, MemoryLeases
+from crdtstore._backends.sqlite import SQLiteJournal, SQLiteLeases
+from crdtstore._leases import FakeClock, LeaseBackend, Proc
 from crdtstore._leases._conformance import FakeProbe
-from crdtstore._leases._memory import MemoryLeaseData
 
 T = "t"
 FILES = ("f1", "f2", "f3", "f4")

@@ -47,12 +47,12 @@ from crdtstore import (
     StoreClosed,
     open_store,
 )
+from crdtstore._backends.memory import MemoryLeases
 from crdtstore._leases import (
     FakeClock,
     LeaseBackend,
     Leases,
     LeaseStatus,
-    MemoryLeases,
     Proc,
     this_proc,
 )

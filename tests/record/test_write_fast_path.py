@@ -255,7 +255,7 @@ async def test_memory_journal_positions_survive_rollback_and_compaction(
     anyio_backend: str,
 ) -> None:
     # the memory journal keeps its newest entries as appended and numbers them by position
-    from crdtstore._backends.memory import _BLOCK, _RECENT, MemoryJournal
+    from crdtstore._backends.memory._journal import _BLOCK, _RECENT, MemoryJournal
     from crdtstore._journal import NewEntry, SnapshotRow
 
     def entry(i: int) -> NewEntry:

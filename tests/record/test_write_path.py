@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import crdtstore
 from crdtstore import BudgetExceeded, CollectionSpec, PolicyViolation
-from crdtstore._backends.memory import _BLOCK, _RECENT, MemoryJournal
+from crdtstore._backends.memory._journal import _BLOCK, _RECENT, MemoryJournal
 from crdtstore._journal import NewEntry, SnapshotRow
 from crdtstore._semantics import Budget, apply_budgets, check_budget, check_map_set
 

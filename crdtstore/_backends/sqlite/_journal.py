@@ -21,7 +21,7 @@ Several processes on one machine share one store file. The design follows SQLite
   the loop that cannot wait, tries once and says so). The loop connection never checkpoints on
   commit (a checkpoint syncs the files: milliseconds); every :data:`CHECKPOINT_EVERY` of its
   commits starts a checkpoint in a background thread on a connection of its own (see
-  ``_sqlite_inline._checkpoint_file``);
+  ``_inline._checkpoint_file``);
 - ``secure_delete`` so that deleting a run overwrites its bytes instead of leaving them in free
   pages, and a WAL checkpoint after deletes so they do not linger in the log either.
 
@@ -45,22 +45,22 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
-from .._errors import BackendError, InvalidValue, UnknownRun
-from .._guarded_append import Guard
-from .._journal import Authority, JournalBackend, NewEntry, Row, RunRow, SnapshotRow
-from ._sqlite_authority import _SQLiteAuthority as _SQLiteAuthority
-from ._sqlite_guarded import FenceCheck, guarded_tx
-from ._sqlite_inline import _LoopPath
-from ._sqlite_rows import _COLS, _append_tx, _rows
-from ._sqlite_schema import _SCHEMA, _Conn, _dumps, _is_busy, _migrate, _rollback
-from ._sqlite_schema import sqlite_path as sqlite_path
+from ..._errors import BackendError, InvalidValue, UnknownRun
+from ..._guarded_append import Guard
+from ..._journal import Authority, JournalBackend, NewEntry, Row, RunRow, SnapshotRow
+from ._authority import _SQLiteAuthority as _SQLiteAuthority
+from ._guarded import FenceCheck, guarded_tx
+from ._inline import _LoopPath
+from ._rows import _COLS, _append_tx, _rows
+from ._schema import _SCHEMA, _Conn, _dumps, _is_busy, _migrate, _rollback
+from ._schema import sqlite_path as sqlite_path
 
 log = logging.getLogger("crdtstore.sqlite")
 
 T = TypeVar("T")
 
 INLINE_ROWS = 256  # reads of at most this many rows may run on the event loop thread (and see
-# _sqlite_inline.INLINE_BYTES)
+# _inline.INLINE_BYTES)
 RETRY_FIRST = 0.0002  # seconds before the first retry of a busy inline append (doubling)
 RETRY_MAX = 0.002  # longest pause between two retries
 BUSY_TIMEOUT = 30.0  # seconds a write waits for the write lock before BackendError
@@ -193,6 +193,13 @@ class SQLiteJournal(_LoopPath, JournalBackend):
 
     async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         return await self._call(self._r, fn)
+
+    def lease_backend(self) -> Any:
+        """The lease backend of this store (leases in the same file: a fenced write is checked
+        in the transaction of its append)."""
+        from ._leases import SQLiteLeases
+
+        return SQLiteLeases(self)
 
     async def open(self) -> None:
         if self._w is not None:
@@ -396,7 +403,7 @@ class SQLiteJournal(_LoopPath, JournalBackend):
         *,
         durable: bool,
     ) -> list[int]:
-        """Check ``guard`` and append in one write transaction (``_sqlite_guarded.py``)."""
+        """Check ``guard`` and append in one write transaction (``_guarded.py``)."""
         rid = await self._run_id(tenant, run)
         effects = [_dumps(e.effect) for e in entries]
 

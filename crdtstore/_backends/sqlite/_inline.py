@@ -14,10 +14,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .._errors import BackendError
-from .._journal import NewEntry
-from ._sqlite_rows import _append_tx
-from ._sqlite_schema import _Conn, _dumps, _is_busy
+from ..._errors import BackendError
+from ..._journal import NewEntry
+from ._rows import _append_tx
+from ._schema import _Conn, _dumps, _is_busy
 
 log = logging.getLogger("crdtstore.sqlite")
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .._errors import UnsupportedURL
+from ..._errors import UnsupportedURL
 
 _SQLITE_BUSY, _SQLITE_LOCKED = 5, 6
 

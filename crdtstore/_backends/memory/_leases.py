@@ -6,9 +6,9 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
-from ._backend import TableBackend
-from ._clock import Clock, ProcessProbe
-from ._engine import Table, fence_error
+from ..._leases._backend import TableBackend
+from ..._leases._clock import Clock, ProcessProbe
+from ..._leases._engine import Table, fence_error
 
 T = TypeVar("T")
 

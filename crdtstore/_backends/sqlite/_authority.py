@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .._journal import Authority, NewEntry, Row
-from ._sqlite_rows import _COLS, _append_tx, _rows
-from ._sqlite_schema import _Conn, _dumps
+from ..._journal import Authority, NewEntry, Row
+from ._rows import _COLS, _append_tx, _rows
+from ._schema import _Conn, _dumps
 
 if TYPE_CHECKING:
-    from .sqlite import SQLiteJournal
+    from ._journal import SQLiteJournal
 
 
 T = TypeVar("T")

@@ -26,8 +26,8 @@ from typing import Any, ClassVar, Literal
 
 import anyio
 
-from .._errors import InvalidValue, RunClosed, UnknownRun
-from .._journal import Authority, JournalBackend, NewEntry, Row, RunRow, SnapshotRow
+from ..._errors import InvalidValue, RunClosed, UnknownRun
+from ..._journal import Authority, JournalBackend, NewEntry, Row, RunRow, SnapshotRow
 
 _tuple_new = tuple.__new__
 _dumps = marshal.dumps
@@ -149,6 +149,12 @@ class MemoryJournal(JournalBackend):
         rest = url.split("://", 1)[1] if "://" in url else ""
         self._name = rest.strip("/")
         self._data = self._shared.setdefault(self._name, _Data()) if self._name else _Data()
+
+    def lease_backend(self) -> Any:
+        """The lease backend of this store (leases shared by every store of the same name)."""
+        from ._leases import MemoryLeases, memory_data_for
+
+        return MemoryLeases(memory_data_for(self._data))
 
     async def open(self) -> None:
         return None

@@ -35,16 +35,18 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import anyio.to_thread
 
-from .._backends.sqlite import SQLiteJournal
-from .._errors import BackendError, LeaseLost
-from ._backend import TableBackend
-from ._clock import Clock, Proc, ProcessProbe, SystemClock
-from ._engine import Req, Table, fence_error
+from ..._errors import BackendError, LeaseLost
+from ..._leases._backend import TableBackend
+from ..._leases._clock import Clock, Proc, ProcessProbe, SystemClock
+from ..._leases._engine import Req, Table, fence_error
+
+if TYPE_CHECKING:
+    from ._journal import SQLiteJournal
 
 T = TypeVar("T")
 _BUSY: Any = object()
@@ -389,3 +391,13 @@ class SQLiteLeases(TableBackend):
         err = await self.journal._read(tx)
         if err is not None:
             raise err
+
+    async def check_within(
+        self, auth: Any, tenant: str, lease_id: str, resource: str, token: int
+    ) -> None:
+        """The fencing check in the authority's open ``BEGIN IMMEDIATE`` transaction on this
+        same file: its write lock keeps every lease transition out until the write commits."""
+        clock = self.clock
+        await auth.run_sync(
+            lambda db: check_fence(db, lease_id, resource, token, tenant=tenant, clock=clock)
+        )

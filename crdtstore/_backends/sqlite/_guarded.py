@@ -8,9 +8,9 @@ import json
 import sqlite3
 from collections.abc import Callable, Sequence
 
-from .._errors import LeaseLost, UnknownRun
-from .._guarded_append import Guard, GuardMoved, touches
-from .._journal import NewEntry
+from ..._errors import LeaseLost, UnknownRun
+from ..._guarded_append import Guard, GuardMoved, touches
+from ..._journal import NewEntry
 
 FenceCheck = Callable[..., None]
 """``check_fence(db, lease_id, resource, token, *, tenant, clock)`` of the SQLite leases,

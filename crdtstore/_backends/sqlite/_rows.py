@@ -11,9 +11,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .._errors import RunClosed, UnknownRun
-from .._journal import NewEntry, Row
-from ._sqlite_schema import _effect
+from ..._errors import RunClosed, UnknownRun
+from ..._journal import NewEntry, Row
+from ._schema import _effect
 
 _COLS = "seq, agent, source, client_id, wall_time, upd, effect, crc, origin, call"
 
