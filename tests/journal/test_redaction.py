@@ -127,6 +127,28 @@ async def test_redaction_keeps_every_entry_and_leaves_no_byte(
         await until(aof_clean, "the append-only file rewritten without the values")
 
 
+async def test_a_redis_saving_rdb_snapshots_rewrites_them_too(tmp_path: Path) -> None:
+    """A Redis with an RDB ``save`` schedule keeps a dump of the data set: the value saved in
+    it before the redaction leaves it too (``BGSAVE`` after the rewrite of the AOF)."""
+    srv = RedisServer(tmp_path / "redis")
+    srv.extra = ["--save", "3600 1"]
+    srv.start()
+    try:
+        async with crdtstore.open_store(srv.url()) as store:
+            await _fill(store)
+            with srv.client() as c:
+                c.save()  # the dump now holds every value
+            dump = srv.folder / "dump.rdb"
+            assert SECRETS["key"].encode() in dump.read_bytes()
+            await _redact_all(store)
+        for f in srv.folder.rglob("*"):
+            if f.is_file():
+                for secret in SECRETS.values():
+                    assert secret.encode() not in f.read_bytes(), (f.name, secret)
+    finally:
+        srv.stop()
+
+
 @pytest.mark.parametrize("kind", ["sqlite", "redis"])
 async def test_a_second_process_drops_the_value_without_reopening(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest

@@ -517,16 +517,41 @@ class RedisJournal(JournalBackend):
         await self._durable()
 
     async def checkpoint(self) -> None:
-        """Rewrite the append-only file from the data set now (``BGREWRITEAOF``, after any
-        rewrite already running) and wait for it to end, so that values deleted or
-        rewritten (``Store.redact``) leave the file too. No AOF: nothing to do."""
+        """Rewrite the server's files from the data set now and wait for it to end, so that
+        values deleted or rewritten (``Store.redact``) leave them too: the append-only file
+        (``BGREWRITEAOF``, after any rewrite already running) and, when the server saves RDB
+        snapshots (a ``save`` schedule, or a save this server made since it started), the
+        snapshot file (``BGSAVE``). A file the server no longer writes (a ``dump.rdb`` left
+        from before ``save ""``) is outside its reach and ours."""
         with mapped("BGREWRITEAOF"):
-            if not int((await self.client.info("persistence")).get("aof_enabled", 0)):
+            info = await self.client.info("persistence")
+            if int(info.get("aof_enabled", 0)):
+                await self._aof_idle()
+                with contextlib.suppress(RedisError):  # another client's started meanwhile
+                    await self.client.bgrewriteaof()
+                await self._aof_idle()
+        with mapped("BGSAVE"):
+            if await self._saves_rdb(info):
+                await self._rdb_idle()
+                with contextlib.suppress(RedisError):  # another save started meanwhile
+                    await self.client.bgsave()
+                await self._rdb_idle()
+
+    async def _saves_rdb(self, info: dict[str, Any]) -> bool:
+        if int(info.get("rdb_saves", 0)) > 0:
+            return True
+        try:
+            schedule = (await self.client.config_get("save")).get("save", "")
+        except RedisError:  # CONFIG renamed away (a managed Redis): only what INFO tells
+            return False
+        return bool(str(schedule).strip())
+
+    async def _rdb_idle(self) -> None:
+        while True:
+            info = await self.client.info("persistence")
+            if not int(info.get("rdb_bgsave_in_progress", 0)):
                 return
-            await self._aof_idle()
-            with contextlib.suppress(RedisError):  # another client's started meanwhile
-                await self.client.bgrewriteaof()
-            await self._aof_idle()
+            await anyio.sleep(AOF_POLL)
 
     async def _aof_idle(self) -> None:
         while True:
