@@ -209,6 +209,24 @@ class JournalBackend(ABC):
 
     name: str = "journal"
 
+    def bind(self, wake: Callable[[str, str], None]) -> None:
+        """Called by the store with its wake-up function (``wake(tenant, run)`` wakes the
+        readers of the run) for backends that learn of new entries by other means than
+        :meth:`notify_url` (Redis: its stream reads; ``ws://``: the hub's pushes). The
+        default ignores it."""
+        return None  # an optional hook (not abstract)
+
+    def attach(self, tenant: str, run: str, record: Any) -> None:
+        """Called by a record of ``run`` once it has loaded (and :meth:`detach` when it
+        closes), for backends that follow or resync it themselves (Redis: the runs its
+        stream reads watch; ``ws://``: the state-vector exchange on every reconnect). The
+        default ignores it."""
+        return None  # an optional hook (not abstract)
+
+    def detach(self, tenant: str, run: str, record: Any) -> None:
+        """The record given to :meth:`attach` closes. The default ignores it."""
+        return None
+
     @abstractmethod
     async def open(self) -> None:
         """Connect (create files, tables) before first use."""
@@ -244,6 +262,13 @@ class JournalBackend(ABC):
     @abstractmethod
     async def list_runs(self, tenant: str) -> list[RunRow]:
         """Every run of the tenant, oldest first."""
+
+    async def tenants(self) -> list[str] | None:
+        """Every tenant with at least one run, sorted; None when the backend cannot tell.
+
+        For operators that serve every tenant of one backend (the hub's retention sweep);
+        a :class:`~crdtstore.Store` stays within its own tenant. The default: None."""
+        return None
 
     @abstractmethod
     async def append(

@@ -26,7 +26,6 @@ from ._leases import Lease, Leases, lease_backend_for
 from ._models import HistoryEntry
 from ._names import check_name
 from ._notify import Notifier
-from ._remote_journal import RemoteJournal
 from ._semantics import CollectionSpec
 from ._store_compaction import COMPACTION_ITEMS as COMPACTION_ITEMS
 from ._store_compaction import CompactionResult as CompactionResult
@@ -193,8 +192,7 @@ class Store(_RunLifecycle, _Compaction):
         # only (a hub holds a store per tenant: with one folder per file, every commit sent
         # a datagram to, and woke, every tenant's store)
         self._notifier = Notifier(None if key is None else f"{key}\x00{tenant}")
-        if isinstance(backend, RemoteJournal):  # (it learns of new entries from its server)
-            backend.bind(self._notifier.notify)
+        backend.bind(self._notifier.notify)
         self._records: set[Record] = set()
         self._tg: TaskGroup | None = None
         self._state = "new"

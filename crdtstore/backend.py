@@ -7,7 +7,7 @@ crdtstore only through ``crdtstore``, ``crdtstore.codec``, ``crdtstore.record`` 
 :class:`JournalBackend` (with :class:`Authority`, the rows and entries it stores); a backend
 that decides guarded writes in its append implements :class:`AtomicGuardedAppend` as well,
 and a backend behind a server :class:`RemoteJournal` (what only a remote journal needs: the
-server's pushes, resync, attribution, read-only runs) and :class:`RemoteGuardedAppend`. Lease
+server's attribution and read-only runs) and :class:`RemoteGuardedAppend`. Lease
 backends implement :class:`LeaseBackend`; the checks of lease arguments and the fence error
 are shared here so that a remote lease service refuses exactly what the local engine refuses.
 """

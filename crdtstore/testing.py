@@ -364,6 +364,8 @@ async def _a_runs_are_created_on_request(b: JournalBackend, t: str, r: str) -> N
     again = await b.ensure_run(t, r, create=True)
     assert again.created == info.created, "ensure_run must not recreate an existing run"
     assert r in [x.run for x in await b.list_runs(t)]
+    listed = await b.tenants()
+    assert listed is None or t in listed, "tenants() lists every tenant with a run"
 
 
 async def _a_append_assigns_dense_positions(b: JournalBackend, t: str, r: str) -> None:

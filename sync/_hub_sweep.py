@@ -1,5 +1,6 @@
 """The hub's retention sweep: every ``HubLimits.sweep_interval`` seconds it deletes the runs
-whose retention deadline passed, in every tenant the hub has served since it started (and
+whose retention deadline passed, in every tenant of its store (``JournalBackend.tenants``;
+where a backend cannot list them, every tenant the hub has served since it started, and
 ``default``), and logs each deletion (logger ``sync.hub.retention``, with tenant and run).
 
 It goes through the hub's own per-tenant stores (loading one for the sweep if no run of the
@@ -64,6 +65,25 @@ async def sweep_forever(
     while True:
         await anyio.sleep(interval)
         try:
-            await sweep_once(tenants(), store, unstore)
+            await sweep_once([*tenants(), *await _listed(store, unstore)], store, unstore)
         except Exception:  # a bug must not stop the hub
             log.exception("retention sweep crashed")
+
+
+async def _listed(
+    store: Callable[[str], Awaitable[Store]], unstore: Callable[[str], None]
+) -> list[str]:
+    """Every tenant of the hub's backend (a run of a tenant no client has opened since the
+    hub started expires too); [] when the backend cannot list them."""
+    try:
+        held = await store("default")
+    except CrdtStoreError as exc:
+        log.warning("retention sweep: cannot open the store to list tenants: %s", exc)
+        return []
+    try:
+        return list(await held.backend.tenants() or [])
+    except CrdtStoreError as exc:
+        log.warning("retention sweep: cannot list the tenants: %s", exc)
+        return []
+    finally:
+        unstore("default")

@@ -103,8 +103,7 @@ class Record(ForeignWrites):
         await self._store._spawn(self._background)
         self._state = "open"
         self._store._records.add(self)
-        if remote is not None:
-            remote.attach(self.tenant, self._jrun, self)
+        self._backend.attach(self.tenant, self._jrun, self)
         return self
 
     async def aclose(self) -> None:
@@ -127,8 +126,7 @@ class Record(ForeignWrites):
         finally:
             self._state = "closed"
             self._store._records.discard(self)
-            if isinstance(self._backend, RemoteJournal):
-                self._backend.detach(self.tenant, self._jrun, self)
+            self._backend.detach(self.tenant, self._jrun, self)
             if self._watch is not None:
                 self._store._notifier.unwatch(self.tenant, self._jrun)
             for sub in self._subscribers:

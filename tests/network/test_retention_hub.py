@@ -61,3 +61,22 @@ async def test_the_hub_sweeps_expired_runs_and_logs_them(
                 async with store.open_record(run="live", agent="r", create=False) as rec:
                     notes = rec.map("notes").to_dict()
                     assert notes == {"k": "live", **{f"w{i}": i for i in range(20)}}
+
+
+async def test_the_hub_sweeps_a_tenant_no_client_has_opened(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run of a tenant that no client opened since the hub started expires too: the sweep
+    asks the backend for every tenant (JournalBackend.tenants), not only those it served."""
+    caplog.set_level(logging.INFO, logger="sync.hub.retention")
+    async with running_hub(tmp_path, sweep_interval=0.05, store_linger=0) as hub:
+        async with open_store(hub.store_url, tenant="quiet") as store:
+            for run in ("old", "kept"):
+                async with store.open_record(run=run, agent="a") as rec:
+                    await rec.map("m").set("k", run)
+            await store.set_retention("old", delete_after=0)
+            await until(
+                lambda: any("deleted run quiet/old" in r.getMessage() for r in caplog.records),
+                "the hub's sweep to delete the expired run of a tenant it never served",
+            )
+            assert [r.run for r in await store.runs()] == ["kept"]

@@ -207,6 +207,9 @@ class MemoryJournal(JournalBackend):
         r = self._data.runs.get((tenant, run))
         return None if r is None else self._info(tenant, run, r)
 
+    async def tenants(self) -> list[str]:
+        return sorted({t for t, _ in self._data.runs})
+
     async def list_runs(self, tenant: str) -> list[RunRow]:
         out = [self._info(t, n, r) for (t, n), r in self._data.runs.items() if t == tenant]
         return sorted(out, key=lambda i: i.created)

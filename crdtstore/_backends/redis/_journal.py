@@ -11,6 +11,7 @@ import socket
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Literal
+from urllib.parse import unquote
 
 import anyio
 
@@ -307,6 +308,16 @@ class RedisJournal(JournalBackend):
         with mapped("get_run"):
             v = await self.client.hmget(self.keys.run(tenant, run), self._RUN_FIELDS)
         return None if v[0] is None else _run_row(tenant, run, v)
+
+    async def tenants(self) -> list[str]:
+        """Every tenant with a run: the ``runs`` index keys of this prefix (``SCAN``; a
+        tenant whose last run was deleted has none)."""
+        head, tail = f"{self.keys.prefix}:{{", "}:runs"
+        found: set[str] = set()
+        with mapped("tenants"):
+            async for key in self.client.scan_iter(match=f"{head}*{tail}", count=1000):
+                found.add(unquote(key.decode()[len(head) : -len(tail)]))
+        return sorted(found)
 
     async def list_runs(self, tenant: str) -> list[RunRow]:
         with mapped("list_runs"):

@@ -340,6 +340,12 @@ class SQLiteJournal(_LoopPath, JournalBackend):
         self._run_ids[(tenant, run)] = row[8]
         return self._run_row(row)
 
+    async def tenants(self) -> list[str]:
+        rows = await self._read(
+            lambda db: db.execute("SELECT DISTINCT tenant FROM runs ORDER BY tenant").fetchall()
+        )
+        return [str(r[0]) for r in rows]
+
     async def list_runs(self, tenant: str) -> list[RunRow]:
         rows = await self._read(
             lambda db: db.execute(
