@@ -41,9 +41,11 @@ sync step 2 applied into the client's pycrdt ``Doc`` (checked to hold every key)
 the run is loaded (another client holds it), like pycrdt-websocket's preloaded room; ours
 *cold*: no client, the hub loads the run's record from the store first.
 
-Targets (issue 5): hub CPU <= 15 us per update per observer and at least as fast as
-pycrdt-websocket (CPU and latency, same run). The machine is shared (2 cores, other jobs
-running): wall-clock latencies are noisy; the CPU figures are disturbed less.
+Targets: hub CPU per update per observer at most 1.5x the floor relay's of the same run, at
+every observer count (issue 20; it retired issue 5's absolute 15 us, which the relay alone
+exceeds here at 1 and 16 observers); latency at least as good as pycrdt-websocket's. The
+machine is shared (2 cores, other jobs running): wall-clock latencies are noisy; the CPU
+figures are disturbed less.
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ from _common import Result, header, percentile, readline, spawn, stop, table, te
 
 HERE = Path(__file__).resolve().parent
 TENANT = "t"
-CPU_TARGET_US = 15.0
+RELAY_RATIO_TARGET = 1.5  # issue 20: hub CPU at most 1.5x the floor relay's, every count
 BACKLOG_MS = 50.0
 WARMUP = 10  # first updates of a trial not counted in latency (connection warm-up)
 OBSERVERS_PER_PROCESS = 16
@@ -442,7 +444,20 @@ def propagation(
                     a["cpu"] <= y["cpu"],
                 )
             )
-        met_cpu = a["cpu"] <= CPU_TARGET_US and a["cpu"] <= b["cpu"]
+        relay = fig.get("relay")
+        if relay is not None:
+            results.append(
+                Result(
+                    "hub",
+                    f"hub CPU per update per observer vs the floor relay, {obs} observers",
+                    a["cpu"],
+                    "us",
+                    relay["cpu"],
+                    a["cpu"] / relay["cpu"],
+                    f"<= {RELAY_RATIO_TARGET}x the floor relay",
+                    a["cpu"] <= RELAY_RATIO_TARGET * relay["cpu"],
+                )
+            )
         results.append(
             Result(
                 "hub",
@@ -451,8 +466,8 @@ def propagation(
                 "us",
                 b["cpu"],
                 a["cpu"] / b["cpu"],
-                "<= 15 us and <= pycrdt-websocket",
-                met_cpu,
+                "<= pycrdt-websocket (informative)",
+                a["cpu"] <= b["cpu"],
             )
         )
         for p in ("p50", "p99"):
