@@ -41,7 +41,7 @@ ISSUE_YAML = """
 name: checks
 steps:
   - id: edit
-    executor: {kind: python, call: "tests.test_flow_spec:apply_patch"}
+    executor: {kind: python, call: "tests.flow.test_flow_spec:apply_patch"}
     owned_files: ["src/auth.rs", "src/session.rs"]
   - id: verify
     executor:
@@ -85,7 +85,7 @@ def test_join_forms_and_hash_changes() -> None:
 def test_callables_in_python_specs_hash_by_name() -> None:
     a = parse_spec({"name": "w", "steps": [{"id": "s", "kind": "python", "call": apply_patch}]})
     b = parse_spec({"name": "w", "steps": [
-        {"id": "s", "kind": "python", "call": "tests.test_flow_spec:apply_patch"}]})  # fmt: skip
+        {"id": "s", "kind": "python", "call": f"{__name__}:apply_patch"}]})  # fmt: skip
     assert spec_hash(a) == spec_hash(b)
 
 
@@ -111,10 +111,10 @@ BAD = [
      "steps[0].executor.join.at_least", "more than the 2 branches"),
     ({"name": "w", "steps": [{"id": "s", "kind": "python", "call": "tests.nowhere:f"}]},
      "steps[0].executor.call", "cannot import"),
-    ({"name": "w", "steps": [{"id": "s", "kind": "python", "call": "tests.test_flow_spec:zz"}]},
+    ({"name": "w", "steps": [{"id": "s", "kind": "python", "call": f"{__name__}:zz"}]},
      "steps[0].executor.call", "has no"),
     ({"name": "w", "steps": [{"id": "s", "kind": "python",
-                              "call": "tests.test_flow_spec:not_async"}]},
+                              "call": f"{__name__}:not_async"}]},
      "steps[0].executor.call", "not an async"),
     ({"name": "w", "steps": [{"id": "s", "kind": "python", "call": "no-colon"}]},
      "steps[0].executor.call", "module:function"),

@@ -8,7 +8,7 @@ answered once committed. No authority transaction (counted by wrapping the backe
 the record holds already take the authority path.
 
 Record-level tests run on both anyio backends; the ws:// ones run the hub on an asyncio
-thread (``tests.test_sync_client.HubThread``) and the clients on both. No sleeps: every wait
+thread (``tests.network.test_sync_client.HubThread``) and the clients on both. No sleeps: every wait
 is on a condition under a deadline.
 """
 

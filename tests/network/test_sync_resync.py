@@ -10,9 +10,9 @@
   request: no append, no journal entry.
 - A malformed ``journal.state`` request is refused with a typed error.
 
-The clients run on the test's anyio backend, behind TCP relays (``tests/test_sync_client
-_faults.py``) that keep them offline while the hub is restored. No sleep waits for sync:
-every wait is on a condition under a deadline.
+The clients run on the test's anyio backend, behind TCP relays
+(``tests/network/test_sync_client_faults.py``) that keep them offline while the hub is
+restored. No sleep waits for sync: every wait is on a condition under a deadline.
 """
 
 from __future__ import annotations
