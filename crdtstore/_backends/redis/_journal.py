@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -19,9 +18,10 @@ from ..._errors import BackendError, InvalidValue, RunClosed, UnknownRun
 from ..._guarded_append import Guard
 from ..._journal import Authority, JournalBackend, NewEntry, Row, RunRow, SnapshotRow
 from ._authority import Backoff, RedisAuthority
-from ._client import RedisError, Scripts, make_client, mapped, require_asyncio
+from ._client import Scripts, make_client, mapped, require_asyncio
 from ._guarded import append_guarded_at
 from ._keys import Keys, RunKeys, parse_url, redis_options
+from ._persistence import rewrite_files
 from ._rows import entry_args, row_of
 from ._tail import Tail
 
@@ -29,7 +29,6 @@ log = logging.getLogger("crdtstore.redis")
 
 TRIM_CHUNK = 1000  # journal entries removed per script call below a snapshot
 TRIM_GRACE = 1.0  # seconds between a snapshot and the trim of the entries below it
-AOF_POLL = 0.05  # seconds between two looks at a running append-only file rewrite
 WAITAOF_TIMEOUT_MS = 10_000  # how long a durable write waits for the append-only file
 
 _HOST = socket.gethostname()
@@ -528,50 +527,10 @@ class RedisJournal(JournalBackend):
         await self._durable()
 
     async def checkpoint(self) -> None:
-        """Rewrite the server's files from the data set now and wait for it to end, so that
-        values deleted or rewritten (``Store.redact``) leave them too: the append-only file
-        (``BGREWRITEAOF``, after any rewrite already running) and, when the server saves RDB
-        snapshots (a ``save`` schedule, or a save this server made since it started), the
-        snapshot file (``BGSAVE``). A file the server no longer writes (a ``dump.rdb`` left
-        from before ``save ""``) is outside its reach and ours."""
-        with mapped("BGREWRITEAOF"):
-            info = await self.client.info("persistence")
-            if int(info.get("aof_enabled", 0)):
-                await self._aof_idle()
-                with contextlib.suppress(RedisError):  # another client's started meanwhile
-                    await self.client.bgrewriteaof()
-                await self._aof_idle()
-        with mapped("BGSAVE"):
-            if await self._saves_rdb(info):
-                await self._rdb_idle()
-                with contextlib.suppress(RedisError):  # another save started meanwhile
-                    await self.client.bgsave()
-                await self._rdb_idle()
-
-    async def _saves_rdb(self, info: dict[str, Any]) -> bool:
-        if int(info.get("rdb_saves", 0)) > 0:
-            return True
-        try:
-            schedule = (await self.client.config_get("save")).get("save", "")
-        except RedisError:  # CONFIG renamed away (a managed Redis): only what INFO tells
-            return False
-        return bool(str(schedule).strip())
-
-    async def _rdb_idle(self) -> None:
-        while True:
-            info = await self.client.info("persistence")
-            if not int(info.get("rdb_bgsave_in_progress", 0)):
-                return
-            await anyio.sleep(AOF_POLL)
-
-    async def _aof_idle(self) -> None:
-        while True:
-            info = await self.client.info("persistence")
-            if not int(info.get("aof_rewrite_in_progress", 0)) and not int(
-                info.get("aof_rewrite_scheduled", 0)
-            ):
-                return
-            await anyio.sleep(AOF_POLL)
+        """Rewrite the server's files from the data set now (see
+        :func:`._persistence.rewrite_files`), so that values deleted or rewritten
+        (``Store.redact``) leave them too."""
+        await rewrite_files(self.client)
 
     async def history(self, tenant: str, run: str, collection: str, key: str) -> list[Row]:
         keys = self.keys.run_keys(tenant, run)

@@ -8,9 +8,12 @@ writes, which loses what came after the last one). Neither: a restart loses ever
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, NamedTuple
 
-from ._client import make_client, mapped
+import anyio
+
+from ._client import RedisError, make_client, mapped
 from ._keys import parse_url, redis_options
 
 
@@ -75,3 +78,46 @@ async def persistence(url: str, **options: Any) -> Persistence:
 
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+POLL = 0.05  # seconds between two looks at a running rewrite or save
+
+
+async def rewrite_files(client: Any) -> None:
+    """Rewrite the server's files from its data set now and wait for the rewrite to end: the
+    append-only file (``BGREWRITEAOF``, after any rewrite already running) and, when the
+    server saves RDB snapshots (a ``save`` schedule, or a save made since it started), the
+    snapshot file (``BGSAVE``). What a redaction needs so that deleted values leave the
+    disk. A file the server no longer writes (a ``dump.rdb`` left from before ``save ""``)
+    is outside its reach and ours."""
+    with mapped("BGREWRITEAOF"):
+        info = await client.info("persistence")
+        if int(info.get("aof_enabled", 0)):
+            await _idle(client, "aof_rewrite_in_progress", "aof_rewrite_scheduled")
+            with contextlib.suppress(RedisError):  # another client's started meanwhile
+                await client.bgrewriteaof()
+            await _idle(client, "aof_rewrite_in_progress", "aof_rewrite_scheduled")
+    with mapped("BGSAVE"):
+        if await _saves_rdb(client, info):
+            await _idle(client, "rdb_bgsave_in_progress")
+            with contextlib.suppress(RedisError):  # another save started meanwhile
+                await client.bgsave()
+            await _idle(client, "rdb_bgsave_in_progress")
+
+
+async def _saves_rdb(client: Any, info: dict[str, Any]) -> bool:
+    if int(info.get("rdb_saves", 0)) > 0:
+        return True
+    try:
+        schedule = (await client.config_get("save")).get("save", "")
+    except RedisError:  # CONFIG renamed away (a managed Redis): only what INFO tells
+        return False
+    return bool(str(schedule).strip())
+
+
+async def _idle(client: Any, *flags: str) -> None:
+    while True:
+        info = await client.info("persistence")
+        if not any(int(info.get(flag, 0)) for flag in flags):
+            return
+        await anyio.sleep(POLL)
