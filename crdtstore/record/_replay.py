@@ -17,8 +17,7 @@ from pycrdt import merge_updates
 
 from .._errors import CollectionKindMismatch, InvalidUpdate, JournalCorrupt, PayloadTooLarge
 from .._journal import Op, Row, checksum
-from .._values import from_stored
-from ._document import _EMPTY_UPDATES, DEFAULT_MAX_UPDATE, KINDS, ReplicaDocument
+from ._document import _DIRECT_INSERT, _EMPTY_UPDATES, DEFAULT_MAX_UPDATE, KINDS, ReplicaDocument
 from ._provenance import _SETTLE_MIN
 
 log = logging.getLogger("crdtstore.replica")
@@ -81,78 +80,141 @@ class JournalReplay(ReplicaDocument):
 
         The batch is applied and read back in one pycrdt transaction (pycrdt otherwise opens
         and commits one per update applied and several per key read); the entries are still
-        integrated one by one, in the given order.
+        integrated one by one, in the given order. The keys' values before the batch that
+        :meth:`_winners` needs are read first (only the batch's own writes change them).
 
         An entry that fails its checksum or does not decode (a torn or corrupted entry) is
         skipped, never applied, and recorded in :attr:`skipped` as a :class:`JournalCorrupt`;
         the entries around it are applied as usual (DESIGN I4: a torn tail is skipped and
         never corrupts earlier entries).
         """
-        touched: dict[tuple[str, str], list[tuple[Op, Row]]] = {}
+        good: list[Row] = []
+        for row in rows:
+            if checksum(row.update) != row.checksum:
+                self._skip(JournalCorrupt(run, row.seq, "checksum mismatch"))
+            else:
+                good.append(row)
+        if not good:
+            return
         # keys whose provenance names a later entry (or one not journaled yet) than a row of
         # this batch that writes them: their value before the batch (see _winners)
         before: dict[tuple[str, str], Any] = {}
-        applied: list[Row] = []  # (for the item provenance index)
-        coll_seq = self.coll_seq
         doc = self.doc
         index = self.index
         with doc.transaction() as txn:
+            raw = txn._txn
             # an update from elsewhere may register a name concurrently as another kind:
             # forget what was cached (see apply_update), the registry is the truth
             self._kinds.clear()
-            for row in rows:
-                update = row.update
-                if checksum(update) != row.checksum:
-                    self._skip(JournalCorrupt(run, row.seq, "checksum mismatch"))
-                    continue
-                if index:
+            if index:
+                for row in good:
                     for op in row.effect:
-                        if op[0] == "map" and (op[1], op[3]) not in touched:
-                            named = index.get(op[1], _NO_KEYS).get(op[3])
-                            if named is not None and (
-                                type(named) is not int or named > row.seq
-                            ):  # (a Meta: not journaled yet, so later than the row)
-                                before.setdefault(
-                                    (op[1], op[3]), self._map_value(op[1], op[3], txn._txn)
-                                )
-                try:
-                    # journal entries passed their checksum: skip the trial decode that
-                    # untrusted bytes get (pycrdt leaves the doc intact on bytes it rejects)
-                    self.check_update(update, trial_decode=False, size_limit=False)
-                    doc.apply_update(update)
-                except InvalidUpdate as exc:
-                    self._skip(JournalCorrupt(run, row.seq, exc.reason))
-                    continue
-                except BaseException as exc:  # pycrdt raises ValueError, RuntimeError or a panic
-                    if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-                        raise
-                    self._skip(JournalCorrupt(run, row.seq, f"{type(exc).__name__}: {exc}"))
-                    continue
-                if row.seq > self.head:
-                    self.head = row.seq
-                effect = row.effect
-                if effect:
-                    applied.append(row)
-                    for op in effect:
-                        coll_seq[op[1]] = row.seq
                         if op[0] == "map":
-                            writes = touched.get((op[1], op[3]))
-                            if writes is None:
-                                touched[(op[1], op[3])] = [(op, row)]
-                            else:
-                                writes.append((op, row))
-            if applied:
-                self.items.applied_rows(applied)
+                            named = index.get(op[1], _NO_KEYS).get(op[3])
+                            if (
+                                named is not None
+                                and (type(named) is not int or named > row.seq)
+                                and (op[1], op[3]) not in before
+                            ):  # (a Meta: not journaled yet, so later than the row)
+                                before[(op[1], op[3])] = self._map_value(op[1], op[3], raw)
+            applied = self._apply_group(good, run, raw)
+            if not applied:
+                return
+            # collection -> key -> the batch's write of it, or its writes (in journal order)
+            touched: dict[str, dict[str, _Held]] = {}
+            item_rows: list[Row] = []  # (for the item provenance index)
+            coll_seq = self.coll_seq
+            head = self.head
+            name: Any = None  # the collection of the last map op, and its touched keys
+            keyed: dict[str, _Held] = {}
+            for row in applied:
+                seq = row.seq
+                if seq > head:
+                    head = seq
+                items = False
+                for op in row.effect:
+                    coll = op[1]
+                    coll_seq[coll] = seq
+                    if op[0] == "map":
+                        if coll != name:
+                            name = coll
+                            got = touched.get(coll)
+                            if got is None:
+                                got = touched[coll] = {}
+                            keyed = got
+                        key = op[3]
+                        held = keyed.get(key)
+                        if held is None:
+                            keyed[key] = (op, row)
+                        elif isinstance(held, list):
+                            held.append((op, row))
+                        else:
+                            keyed[key] = [held, (op, row)]
+                    else:
+                        items = True
+                if items:
+                    item_rows.append(row)
+            self.head = head
+            if item_rows:
+                self.items.applied_rows(item_rows)
             if not touched:
                 return
-            winners = self._winners(touched, txn._txn, before)
-        for seq in sorted(winners):  # in journal order: the table appends
-            row = winners[seq]
-            self._remember(seq, row.agent, row.source, row.wall_time, row.origin)
+            winners = self._winners(touched, raw, before)
+        self._remember_rows(winners)
         # only a collection this batch grew can have reached the size _settle acts on
         index = self.index
-        if any(len(index.get(name, ())) >= _SETTLE_MIN for name, _ in touched):
+        if any(len(index.get(name, ())) >= _SETTLE_MIN for name in touched):
             self._settle()
+
+    def _apply_group(self, rows: list[Row], run: str, raw: Any) -> list[Row]:
+        """Apply ``rows`` (checksums verified) one by one inside the open transaction
+        ``raw``; return the rows applied (the others are skipped and recorded).
+
+        Straight to yrs with the open transaction where pycrdt's internals are as expected
+        (see ``_direct_insert_works``): pycrdt's ``apply_update`` opens and closes a nested
+        transaction around each. (Merging the group first and applying it once is no
+        faster: yrs spends in the merge what the single apply saves.)
+        """
+        doc = self.doc
+        direct = doc._doc.apply_update if _DIRECT_INSERT else None
+        check = self.check_update
+        applied: list[Row] = []
+        for row in rows:
+            update = row.update
+            try:
+                # journal entries passed their checksum: skip the trial decode that untrusted
+                # bytes get (pycrdt leaves the doc intact on bytes it rejects)
+                check(update, trial_decode=False, size_limit=False)
+                if direct is not None:
+                    direct(raw, update)
+                else:  # pragma: no cover - another pycrdt
+                    doc.apply_update(update)
+            except InvalidUpdate as exc:
+                self._skip(JournalCorrupt(run, row.seq, exc.reason))
+                continue
+            except BaseException as exc:  # pycrdt raises ValueError, RuntimeError or a panic
+                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                    raise
+                self._skip(JournalCorrupt(run, row.seq, f"{type(exc).__name__}: {exc}"))
+                continue
+            applied.append(row)
+        return applied
+
+    def _remember_rows(self, winners: dict[int, Row]) -> None:
+        """Put the entries of ``winners`` (by position) in the entry table, in journal order
+        (appended in the usual case, as :meth:`ProvenanceIndex.journaled_many` does)."""
+        table = self.table
+        tseqs, walls, who, names = table.seqs, table.walls, table.who, table.names
+        for seq in sorted(winners):  # in journal order: the table appends
+            row = winners[seq]
+            if tseqs and seq <= tseqs[-1]:
+                table.add(seq, row.agent, row.source, row.wall_time, row.origin)
+            else:
+                tseqs.append(seq)
+                walls.append(row.wall_time)
+                who.append(names(row.agent, row.source, row.origin))
+        if len(tseqs) > table.sweep_at:
+            table.keep(self._live_seqs())
 
     def _map_value(self, coll: str, key: str, raw: Any) -> Any:
         """The value of ``coll[key]`` inside the open transaction ``raw`` (``_ABSENT``: not
@@ -169,11 +231,12 @@ class JournalReplay(ReplicaDocument):
         integrated = root.integrated
         if not integrated.has(raw, key):
             return _ABSENT
-        return from_stored(root._maybe_as_type_or_doc(integrated.get(raw, key)))
+        value = integrated.get(raw, key)
+        return value if type(value) in _PLAIN else root._maybe_as_type_or_doc(value)
 
     def _winners(
         self,
-        touched: dict[tuple[str, str], list[tuple[Op, Row]]],
+        touched: dict[str, dict[str, _Held]],
         raw: Any,
         before: dict[tuple[str, str], Any],
     ) -> dict[int, Row]:
@@ -188,50 +251,56 @@ class JournalReplay(ReplicaDocument):
 
         Reads through the integrated (Rust) objects with the open transaction: pycrdt's
         ``Map.get`` opens a nested transaction three times and checks the key twice, which
-        made it the largest part of applying a one-key entry.
+        made it the largest part of applying a one-key entry. Values are compared as yrs
+        returns them (``==`` takes ``1.0`` and ``1`` as equal, as ``from_stored`` makes them).
         """
         winners: dict[int, Row] = {}
         kinds = self._kinds
         registry = self.registry.integrated
         index = self.index
-        name = ""
-        root: Any = None
-        for (coll, key), writes in touched.items():
-            if coll != name:
-                name = coll
-                kind = kinds.get(coll)
-                if kind is None:
-                    kind = registry.get(raw, coll) if registry.has(raw, coll) else None
-                    if kind in KINDS:
-                        kinds[coll] = kind
-                if kind in KINDS and kind != "map":
-                    root = None  # registered as another kind: not a map key (see root())
-                else:
-                    root = self._roots.get((coll, "map"))
-                    if root is None:
-                        root = self.root(coll, "map")
+        for coll, keyed in touched.items():
+            kind = kinds.get(coll)
+            if kind is None:
+                kind = registry.get(raw, coll) if registry.has(raw, coll) else None
+                if kind in KINDS:
+                    kinds[coll] = kind
+            if kind in KINDS and kind != "map":
+                continue  # registered as another kind: not a map key (see root())
+            root = self._roots.get((coll, "map"))
             if root is None:
-                continue
+                root = self.root(coll, "map")
             integrated = root.integrated
-            if integrated.has(raw, key):
-                current = root._maybe_as_type_or_doc(integrated.get(raw, key))
-                value = from_stored(current)
-            else:
-                current = _ABSENT
-            winner = None
-            for op, row in reversed(writes):
-                if current is _ABSENT:
-                    if op[2] != "set":
+            has, get = integrated.has, integrated.get
+            keys = index.get(coll)
+            for key, held in keyed.items():
+                if has(raw, key):
+                    current = get(raw, key)
+                    if type(current) not in _PLAIN:
+                        current = root._maybe_as_type_or_doc(current)
+                else:
+                    current = _ABSENT
+                winner: Row | None = None
+                if not isinstance(held, list):  # the usual case: one write of the key
+                    op, row = held
+                    if (
+                        op[2] != "set"
+                        if current is _ABSENT
+                        else (op[2] == "set" and op[4] == current)
+                    ):
                         winner = row
-                        break
-                elif op[2] == "set" and from_stored(op[4]) == value:
-                    winner = row
-                    break
-            now = value if current is not _ABSENT else _ABSENT
-            if winner is not None and (coll, key) in before and before[(coll, key)] == now:
-                continue  # (the later entry the index names wrote this value too)
-            if winner is not None:  # else a write from before this batch is still current
-                keys = index.get(coll)
+                else:
+                    for op, row in reversed(held):
+                        if current is _ABSENT:
+                            if op[2] != "set":
+                                winner = row
+                                break
+                        elif op[2] == "set" and op[4] == current:
+                            winner = row
+                            break
+                if winner is None:
+                    continue  # a write from before this batch is still current
+                if before and (coll, key) in before and before[(coll, key)] == current:
+                    continue  # (the later entry the index names wrote this value too)
                 if keys is None:
                     keys = index[coll] = {}
                 keys[key] = winner.seq
@@ -244,6 +313,13 @@ class JournalReplay(ReplicaDocument):
 
 
 _NO_KEYS: dict[str, Any] = {}
+
+# what yrs returns for a map value that is not a shared type (read as is: pycrdt's
+# _maybe_as_type_or_doc tries every shared type first)
+# a key's write in a batch, or its writes when several (see JournalReplay._apply_rows)
+_Held = tuple[Op, Row] | list[tuple[Op, Row]]
+
+_PLAIN = frozenset((float, str, bool, type(None), dict, list, int, bytes))
 
 # entries a bulk load merges into one apply: measured on 20k-100k entries, groups of 16-64
 # apply in 0.6-0.7x the time of one apply per entry; much larger groups of list appends by
