@@ -88,51 +88,64 @@ class JournalReplay(ReplicaDocument):
         the entries around it are applied as usual (DESIGN I4: a torn tail is skipped and
         never corrupts earlier entries).
         """
-        good: list[Row] = []
-        for row in rows:
-            if checksum(row.update) != row.checksum:
-                self._skip(JournalCorrupt(run, row.seq, "checksum mismatch"))
-            else:
-                good.append(row)
-        if not good:
-            return
         # keys whose provenance names a later entry (or one not journaled yet) than a row of
         # this batch that writes them: their value before the batch (see _winners)
         before: dict[tuple[str, str], Any] = {}
+        # collection -> key -> the batch's write of it, or its writes (in journal order)
+        touched: dict[str, dict[str, _Held]] = {}
+        item_rows: list[Row] = []  # (for the item provenance index)
         doc = self.doc
         index = self.index
+        coll_seq = self.coll_seq
+        check = self.check_update
+        # straight to yrs with the open transaction where pycrdt's internals are as expected
+        # (see _direct_insert_works): pycrdt's apply_update opens a nested transaction
+        direct = doc._doc.apply_update if _DIRECT_INSERT else None
+        head = self.head
+        name: Any = None  # the collection of the last map op, and its touched keys
+        keyed: dict[str, _Held] = {}
         with doc.transaction() as txn:
             raw = txn._txn
+            assert raw is not None
             # an update from elsewhere may register a name concurrently as another kind:
             # forget what was cached (see apply_update), the registry is the truth
             self._kinds.clear()
-            if index:
-                for row in good:
-                    for op in row.effect:
+            for row in rows:
+                seq, update, effect = row.seq, row.update, row.effect
+                if checksum(update) != row.checksum:
+                    self._skip(JournalCorrupt(run, seq, "checksum mismatch"))
+                    continue
+                if index:
+                    for op in effect:
                         if op[0] == "map":
                             named = index.get(op[1], _NO_KEYS).get(op[3])
                             if (
                                 named is not None
-                                and (type(named) is not int or named > row.seq)
+                                and (type(named) is not int or named > seq)
                                 and (op[1], op[3]) not in before
+                                and op[3] not in touched.get(op[1], _NO_KEYS)
                             ):  # (a Meta: not journaled yet, so later than the row)
                                 before[(op[1], op[3])] = self._map_value(op[1], op[3], raw)
-            applied = self._apply_group(good, run, raw)
-            if not applied:
-                return
-            # collection -> key -> the batch's write of it, or its writes (in journal order)
-            touched: dict[str, dict[str, _Held]] = {}
-            item_rows: list[Row] = []  # (for the item provenance index)
-            coll_seq = self.coll_seq
-            head = self.head
-            name: Any = None  # the collection of the last map op, and its touched keys
-            keyed: dict[str, _Held] = {}
-            for row in applied:
-                seq = row.seq
+                try:
+                    # journal entries passed their checksum: skip the trial decode that
+                    # untrusted bytes get (pycrdt leaves the doc intact on bytes it rejects)
+                    check(update, trial_decode=False, size_limit=False)
+                    if direct is not None:
+                        direct(raw, update)
+                    else:  # pragma: no cover - another pycrdt
+                        doc.apply_update(update)
+                except InvalidUpdate as exc:
+                    self._skip(JournalCorrupt(run, seq, exc.reason))
+                    continue
+                except BaseException as exc:  # pycrdt raises ValueError, RuntimeError or a panic
+                    if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                        raise
+                    self._skip(JournalCorrupt(run, seq, f"{type(exc).__name__}: {exc}"))
+                    continue
                 if seq > head:
                     head = seq
                 items = False
-                for op in row.effect:
+                for op in effect:
                     coll = op[1]
                     coll_seq[coll] = seq
                     if op[0] == "map":
@@ -162,43 +175,8 @@ class JournalReplay(ReplicaDocument):
             winners = self._winners(touched, raw, before)
         self._remember_rows(winners)
         # only a collection this batch grew can have reached the size _settle acts on
-        index = self.index
         if any(len(index.get(name, ())) >= _SETTLE_MIN for name in touched):
             self._settle()
-
-    def _apply_group(self, rows: list[Row], run: str, raw: Any) -> list[Row]:
-        """Apply ``rows`` (checksums verified) one by one inside the open transaction
-        ``raw``; return the rows applied (the others are skipped and recorded).
-
-        Straight to yrs with the open transaction where pycrdt's internals are as expected
-        (see ``_direct_insert_works``): pycrdt's ``apply_update`` opens and closes a nested
-        transaction around each. (Merging the group first and applying it once is no
-        faster: yrs spends in the merge what the single apply saves.)
-        """
-        doc = self.doc
-        direct = doc._doc.apply_update if _DIRECT_INSERT else None
-        check = self.check_update
-        applied: list[Row] = []
-        for row in rows:
-            update = row.update
-            try:
-                # journal entries passed their checksum: skip the trial decode that untrusted
-                # bytes get (pycrdt leaves the doc intact on bytes it rejects)
-                check(update, trial_decode=False, size_limit=False)
-                if direct is not None:
-                    direct(raw, update)
-                else:  # pragma: no cover - another pycrdt
-                    doc.apply_update(update)
-            except InvalidUpdate as exc:
-                self._skip(JournalCorrupt(run, row.seq, exc.reason))
-                continue
-            except BaseException as exc:  # pycrdt raises ValueError, RuntimeError or a panic
-                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-                    raise
-                self._skip(JournalCorrupt(run, row.seq, f"{type(exc).__name__}: {exc}"))
-                continue
-            applied.append(row)
-        return applied
 
     def _remember_rows(self, winners: dict[int, Row]) -> None:
         """Put the entries of ``winners`` (by position) in the entry table, in journal order
