@@ -41,7 +41,7 @@ log = logging.getLogger("crdtstore.record")
 # Opening reads the journal in smaller chunks: each chunk's decoded effects are garbage once
 # applied, and 10,000 rows of them scattered the keys the index keeps over half-empty memory
 # pools (100k keys resumed: 70 MiB RSS with 10,000-row chunks, 54 MiB with 1,000; same time).
-LOAD_CHUNK = 1_000
+LOAD_CHUNK = 256
 
 _tuple_new = tuple.__new__
 

@@ -8,9 +8,8 @@ many updates in O(n log n) (hazard 2). A corrupt entry is skipped and recorded, 
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pycrdt import merge_updates
@@ -414,35 +413,40 @@ class BulkLoad:
             by_name.setdefault(name, []).append((key, held))
         del pending
         winners: dict[int, _Write] = {}
-        for name, keyed in by_name.items():
-            try:
-                root = replica.root(name, "map")
-            except CollectionKindMismatch:
-                continue
-            get: Callable[[str, Any], Any] = root.get
-            if len(keyed) * 4 >= len(root):  # most of the map: read it in one call
+        # every key read in one transaction, through the integrated (Rust) map, as
+        # JournalReplay._winners does (pycrdt's Map.get opens three nested transactions)
+        with replica.doc.transaction() as txn:
+            raw = txn._txn
+            for name, keyed in by_name.items():
                 try:
-                    get = json.loads(str(root)).get  # (its JSON: far cheaper than items())
-                except ValueError:
-                    get = dict(root.items()).get
-            index = replica.index.setdefault(name, {})
-            for key, held in keyed:
-                current = get(key, _ABSENT)
-                writes = (
-                    sorted(held.values(), key=lambda w: w[0], reverse=True)
-                    if isinstance(held, dict)
-                    else (held,)
-                )
-                for write in writes:
-                    op = write[1]
-                    # (== compares 1.0 and 1 equal, as from_stored would make them)
-                    if (current is _ABSENT and op[2] != "set") or (
-                        current is not _ABSENT and op[2] == "set" and op[4] == current
-                    ):
-                        index[key] = write[0]
-                        winners[write[0]] = write
-                        break
-                # no write matched: a write from before these entries is still current
+                    root = replica.root(name, "map")
+                except CollectionKindMismatch:
+                    continue
+                integrated = root.integrated
+                has, get = integrated.has, integrated.get
+                index = replica.index.setdefault(name, {})
+                for key, held in keyed:
+                    if has(raw, key):
+                        current = get(raw, key)
+                        if type(current) not in _PLAIN:
+                            current = root._maybe_as_type_or_doc(current)
+                    else:
+                        current = _ABSENT
+                    writes = (
+                        sorted(held.values(), key=lambda w: w[0], reverse=True)
+                        if isinstance(held, dict)
+                        else (held,)
+                    )
+                    for write in writes:
+                        op = write[1]
+                        # (== compares 1.0 and 1 equal, as from_stored would make them)
+                        if (current is _ABSENT and op[2] != "set") or (
+                            current is not _ABSENT and op[2] == "set" and op[4] == current
+                        ):
+                            index[key] = write[0]
+                            winners[write[0]] = write
+                            break
+                    # no write matched: a write from before these entries is still current
         table = replica.table
         tseqs, walls, who, names = table.seqs, table.walls, table.who, table.names
         for seq in sorted(winners):  # in journal order: the table appends
