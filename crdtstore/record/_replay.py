@@ -314,6 +314,10 @@ _Write = tuple[int, Op, str, str, float, str, int]
 _DELETES = -(1 << 62)  # the slot of a key's deletes (a client id is >= 0, -seq is above it)
 
 
+def _by_seq(write: _Write) -> int:
+    return write[0]
+
+
 class _OneByOne(Exception):
     pass
 
@@ -339,8 +343,9 @@ class BulkLoad:
     def __init__(self, replica: JournalReplay, run: str = "") -> None:
         self.replica = replica
         self.run = run
-        # (collection, key) -> the last write, or client id -> last write when several wrote
-        self._pending: dict[tuple[str, str], _Write | dict[int, _Write]] = {}
+        # collection -> key -> the last write, or client id -> last write when several wrote
+        self._pending: dict[str, dict[str, _Write | dict[int, _Write]]] = {}
+        self._count = 0  # keys pending
         self._every_write = False  # set once an entry was skipped
 
     def feed(self, rows: Sequence[Row]) -> None:
@@ -376,48 +381,58 @@ class BulkLoad:
                 applied.append(row)
         replica.items.applied_rows(applied)
         pending, coll_seq = self._pending, replica.coll_seq
+        head, every, count = replica.head, self._every_write, self._count
+        name: Any = None  # the collection of the last map op, and its pending keys
+        keyed: dict[str, _Write | dict[int, _Write]] = {}
         for row in applied:
-            if row.seq > replica.head:
-                replica.head = row.seq
+            seq = row.seq
+            if seq > head:
+                head = seq
             if not row.effect:
                 continue
             # the slot a write replaces: the writer's last set, or the last delete (every
             # write its own slot once an entry was skipped)
-            seq, client, every = row.seq, row.client_id, self._every_write
+            client = row.client_id
             agent, source, wall, origin = row.agent, row.source, row.wall_time, row.origin
             for op in row.effect:
-                coll_seq[op[1]] = seq
+                coll = op[1]
+                coll_seq[coll] = seq
                 if op[0] != "map":
                     continue
+                if coll != name:
+                    name = coll
+                    got = pending.get(coll)
+                    if got is None:
+                        got = pending[coll] = {}
+                    keyed = got
                 slot = -seq if every else client if op[2] == "set" else _DELETES
                 write: _Write = (seq, op, agent, source, wall, origin, slot)
-                where = (op[1], op[3])
-                held = pending.get(where)
+                key = op[3]
+                held = keyed.get(key)
                 if held is None:
-                    pending[where] = write
+                    keyed[key] = write
+                    count += 1
                 elif isinstance(held, dict):
                     held[slot] = write
                 elif held[6] == slot:
-                    pending[where] = write
+                    keyed[key] = write
                 else:
-                    pending[where] = {held[6]: held, slot: write}
-        if len(pending) > _BULK_PENDING_KEYS:
+                    keyed[key] = {held[6]: held, slot: write}
+        replica.head = head
+        self._count = count
+        if count > _BULK_PENDING_KEYS:
             self.finish()
 
     def finish(self) -> None:
         """Attribute every pending key to the entry whose write the document kept."""
         replica, pending = self.replica, self._pending
-        self._pending = {}
-        by_name: dict[str, list[tuple[str, _Write | dict[int, _Write]]]] = {}
-        for (name, key), held in pending.items():
-            by_name.setdefault(name, []).append((key, held))
-        del pending
+        self._pending, self._count = {}, 0
         winners: dict[int, _Write] = {}
         # every key read in one transaction, through the integrated (Rust) map, as
         # JournalReplay._winners does (pycrdt's Map.get opens three nested transactions)
         with replica.doc.transaction() as txn:
             raw = txn._txn
-            for name, keyed in by_name.items():
+            for name, keyed in pending.items():
                 try:
                     root = replica.root(name, "map")
                 except CollectionKindMismatch:
@@ -425,21 +440,26 @@ class BulkLoad:
                 integrated = root.integrated
                 has, get = integrated.has, integrated.get
                 index = replica.index.setdefault(name, {})
-                for key, held in keyed:
+                for key, held in keyed.items():
                     if has(raw, key):
                         current = get(raw, key)
                         if type(current) not in _PLAIN:
                             current = root._maybe_as_type_or_doc(current)
                     else:
                         current = _ABSENT
-                    writes = (
-                        sorted(held.values(), key=lambda w: w[0], reverse=True)
-                        if isinstance(held, dict)
-                        else (held,)
-                    )
-                    for write in writes:
+                    # (== compares 1.0 and 1 equal, as from_stored would make them)
+                    if not isinstance(held, dict):  # the usual case: one write of the key
+                        op = held[1]
+                        if (
+                            op[2] != "set"
+                            if current is _ABSENT
+                            else (op[2] == "set" and op[4] == current)
+                        ):
+                            index[key] = held[0]
+                            winners[held[0]] = held
+                        continue
+                    for write in sorted(held.values(), key=_by_seq, reverse=True):
                         op = write[1]
-                        # (== compares 1.0 and 1 equal, as from_stored would make them)
                         if (current is _ABSENT and op[2] != "set") or (
                             current is not _ABSENT and op[2] == "set" and op[4] == current
                         ):
@@ -447,6 +467,7 @@ class BulkLoad:
                             winners[write[0]] = write
                             break
                     # no write matched: a write from before these entries is still current
+        del pending
         table = replica.table
         tseqs, walls, who, names = table.seqs, table.walls, table.who, table.names
         for seq in sorted(winners):  # in journal order: the table appends
