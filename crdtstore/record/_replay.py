@@ -324,7 +324,8 @@ class _OneByOne(Exception):
 
 class BulkLoad:
     """Apply many journal entries to a replica (compaction, replay) with the same document and
-    provenance as :meth:`Replica.apply_rows`, at a fraction of its per-entry cost.
+    provenance as :meth:`Replica.apply_rows`, resolving each key once for many entries (a key
+    written many times costs one read of the document, not one per batch).
 
     The entries passed to :meth:`feed` are checked (CRC-32), merged in groups of
     ``_BULK_GROUP`` and each group applied to the document once (entry by entry only if the
