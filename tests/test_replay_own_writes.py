@@ -1,12 +1,11 @@
 """A replica with writes of its own receiving remote journal entries in batches.
 
-``Replica.apply_rows`` reads, before it applies a batch, the values of the keys whose
-provenance names a later entry than the batch's row writing them (the replica's own write,
-journaled after those rows or not journaled yet), and keeps that provenance when the batch
-leaves the value as it was: two writes of one value cannot be told apart by the document,
-and every replica names the one latest in the journal. These tests pin that reading those
-values first (not row by row) keeps the replica's own write named, in any batching, and
-names what applying the rows one by one names.
+``Replica.apply_rows`` reads the value before the batch of each key whose provenance names
+a later entry than the batch's row writing it (the replica's own write, journaled after
+those rows or not journaled yet), and keeps that provenance when the batch leaves the value
+as it was: two writes of one value cannot be told apart by the document, and every replica
+names the one latest in the journal. These tests pin that the replica's own write stays
+named, in any batching, and that a batching names what applying the rows one by one names.
 """
 
 from __future__ import annotations

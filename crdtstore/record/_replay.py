@@ -79,8 +79,8 @@ class JournalReplay(ReplicaDocument):
 
         The batch is applied and read back in one pycrdt transaction (pycrdt otherwise opens
         and commits one per update applied and several per key read); the entries are still
-        integrated one by one, in the given order. The keys' values before the batch that
-        :meth:`_winners` needs are read first (only the batch's own writes change them).
+        integrated one by one, in the given order. The value before the batch of a key that
+        :meth:`_winners` needs is read just before the batch's first entry that writes it.
 
         An entry that fails its checksum or does not decode (a torn or corrupted entry) is
         skipped, never applied, and recorded in :attr:`skipped` as a :class:`JournalCorrupt`;
