@@ -12,6 +12,10 @@ Variants:
   (one ``set`` per entry) and flushed them;
 - ``record-resumed``: a fresh process opening the record of that same run from the journal
   (what every other agent process holds);
+- ``raw-applied``: raw pycrdt applying that run's journal (the 100k update blobs, read with
+  raw sqlite3 first) one by one to a fresh doc: what yrs itself holds for a document built
+  from remote updates, the floor of ``record-resumed`` (informative: the baseline stays
+  ``raw``);
 - ``raw-snapshot``: raw pycrdt applying that run's snapshot (one update) to a fresh doc:
   yrs holds a document decoded from one big update in about 1.5x the memory of the same
   document built entry by entry (informative: the baseline stays ``raw``);
@@ -71,6 +75,21 @@ def child(variant: str, n: int, url: str) -> dict[str, Any]:
             with doc.transaction():
                 m[f"k{i}"] = i
         after = _rss()
+        assert len(m) == n
+        return {"delta": after - before, "peak": _peak() - before, "entries": len(m)}
+
+    if variant == "raw-applied":  # raw pycrdt applying the journal the record resumes from
+        import sqlite3
+
+        path = url.removeprefix("sqlite:///")
+        with sqlite3.connect(path) as con:
+            blobs = [u for (u,) in con.execute("SELECT upd FROM journal ORDER BY run_id, seq")]
+        before = _rss()
+        doc = Doc()
+        for blob in blobs:
+            doc.apply_update(blob)
+        m = doc.get("m", type=Map)
+        after = _rss()  # (the blobs, read before, stay: not counted either way)
         assert len(m) == n
         return {"delta": after - before, "peak": _peak() - before, "entries": len(m)}
 
@@ -158,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
             ("raw", "memory://"),
             ("record-written", None),
             ("record-resumed", journal_only),
+            ("raw-applied", journal_only),
             ("raw-snapshot", shared),
             ("record-snapshot", shared),
             ("record-memory", "memory://"),
@@ -187,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
                 verdict,
             ]
         )
-        if variant not in ("raw", "raw-snapshot"):
+        if variant not in ("raw", "raw-applied", "raw-snapshot"):
             results.append(
                 Result(
                     "memory",

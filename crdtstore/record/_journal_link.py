@@ -38,10 +38,12 @@ from ._state import READ_CHUNK, SYNC_FIRST
 
 log = logging.getLogger("crdtstore.record")
 
-# Opening reads the journal in smaller chunks: each chunk's decoded effects are garbage once
+# Opening reads the journal in small chunks: each chunk's decoded effects are garbage once
 # applied, and 10,000 rows of them scattered the keys the index keeps over half-empty memory
-# pools (100k keys resumed: 70 MiB RSS with 10,000-row chunks, 54 MiB with 1,000; same time).
-LOAD_CHUNK = 1_000
+# pools (bench/memory.py); and a read of at most the SQLite backend's INLINE_ROWS rows is
+# served on the event loop thread, without a hop to a worker thread and back per chunk
+# (which cost more CPU than the read itself on a loaded machine, bench/resume.py).
+LOAD_CHUNK = 256
 
 _tuple_new = tuple.__new__
 
@@ -68,6 +70,10 @@ class JournalLink(Changes):
                 break
             self.replica.apply_rows(rows, self._jrun)
             self.applied_seq = rows[-1].seq
+            # a read served on the loop thread does not yield: let other tasks run
+            await anyio.lowlevel.checkpoint()
+        # the chunks' rows and effects are freed: give their pages back to the system
+        release_free_memory()
         # A skipped entry at the end of the journal is a torn tail: nothing depends on it. One
         # in the middle may be the left origin of later items, which yrs then keeps pending,
         # invisible: refuse to open with a silently partial record, unless asked to salvage.

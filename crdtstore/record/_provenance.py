@@ -238,23 +238,21 @@ class _Settled:
         return run
 
     def merge(self, new: dict[str, int]) -> None:
-        """Take in ``new`` (key -> position), replacing the positions of keys already here."""
-        old_keys, old_seqs = self._encoded(), self.seqs
-        keys: list[bytes] = []
-        seqs = array("q")
-        prev, n = 0, len(old_keys)
-        for skey in sorted(new):
-            key = skey.encode("utf-8", "surrogatepass")
-            i = bisect_left(old_keys, key, prev)
-            if i > prev:  # the runs in between are copied at C speed
-                keys += old_keys[prev:i]
-                seqs += old_seqs[prev:i]
-            keys.append(key)
-            seqs.append(new[skey])
-            prev = i + 1 if i < n and old_keys[i] == key else i
-        keys += old_keys[prev:]
-        seqs += old_seqs[prev:]
-        self._set(keys, seqs)
+        """Take in ``new`` (key -> position), replacing the positions of keys already here.
+
+        At C speed but for encoding the new keys: the old keys and the new ones go into one
+        dict (a key already here takes its new position in place) and are sorted again,
+        which timsort does as a merge of two sorted runs.
+        """
+        encoded = [k.encode("utf-8", "surrogatepass") for k in new]
+        pairs = sorted(zip(encoded, new.values(), strict=True))
+        if not self.seqs:
+            self._set([k for k, _ in pairs], array("q", [s for _, s in pairs]))
+            return
+        combined = dict(zip(self._encoded(), self.seqs, strict=True))
+        combined.update(pairs)
+        keys = sorted(combined)
+        self._set(keys, array("q", map(combined.__getitem__, keys)))
 
 
 _SETTLE_MIN = 4096  # index entries of a collection kept as a dict before settling them
@@ -379,13 +377,17 @@ class ProvenanceIndex:
             settled = self._settled.get(name)
             if not every and len(keys) < max(_SETTLE_MIN, len(settled) // 2 if settled else 0):
                 continue
-            journaled = {k: v for k, v in keys.items() if type(v) is int}
+            if set(map(type, keys.values())) == {int}:  # (every key journaled: a replay's)
+                journaled, rest = keys, {}
+            else:
+                journaled = {k: v for k, v in keys.items() if type(v) is int}
+                rest = {k: v for k, v in keys.items() if type(v) is not int}
             if not journaled:
                 continue
             if settled is None:
                 settled = self._settled[name] = _Settled()
             settled.merge(journaled)
-            self.index[name] = {k: v for k, v in keys.items() if type(v) is not int}
+            self.index[name] = rest
 
     def meta(self, collection: str, key: str) -> Meta | None:
         """The provenance of the current value of ``collection[key]`` (None if unknown)."""

@@ -137,16 +137,43 @@ def raw(txn: Any) -> Any:
     return txn._txn if INTERNALS and txn is not None else None
 
 
-def map_get(root: Map[Any], rtxn: Any, key: str) -> Any:
-    """``root[key]`` as pycrdt gives it, inside the open transaction (``rtxn`` from
-    :func:`raw`), or :data:`ABSENT`. pycrdt's ``Map.get`` opens a nested transaction three
-    times and checks the key twice: the largest part of applying a one-key entry."""
+# what yrs returns for a map value that is not a shared type (read as is: pycrdt's
+# _maybe_as_type_or_doc tries every shared type first)
+_PLAIN = frozenset((float, str, bool, type(None), dict, list, int, bytes))
+
+
+def map_reader(root: Map[Any], rtxn: Any) -> Callable[[str], Any]:
+    """A function reading ``root[key]`` inside the open transaction (``rtxn`` from
+    :func:`raw`) as pycrdt gives it, or :data:`ABSENT`. pycrdt's ``Map.get`` opens a nested
+    transaction three times and checks the key twice: the largest part of applying a
+    one-key entry, and of attributing the keys of a bulk load."""
     if rtxn is None:
-        return root.get(key, ABSENT)
+        get_public = root.get
+        return lambda key: get_public(key, ABSENT)
     integrated = root.integrated
-    if not integrated.has(rtxn, key):
-        return ABSENT
-    return root._maybe_as_type_or_doc(integrated.get(rtxn, key))
+    has, get, wrap = integrated.has, integrated.get, root._maybe_as_type_or_doc
+
+    def read(key: str) -> Any:
+        if not has(rtxn, key):
+            return ABSENT
+        value = get(rtxn, key)
+        return value if type(value) in _PLAIN else wrap(value)
+
+    return read
+
+
+def map_get(root: Map[Any], rtxn: Any, key: str) -> Any:
+    """One read of :func:`map_reader`."""
+    return map_reader(root, rtxn)(key)
+
+
+def update_applier(doc: Doc[Any], rtxn: Any) -> Callable[[bytes], None]:
+    """``doc.apply_update`` inside its open transaction (``rtxn`` from :func:`raw`): straight
+    to yrs (pycrdt's ``apply_update`` opens a nested transaction per update)."""
+    if rtxn is None:
+        return doc.apply_update
+    direct = doc._doc.apply_update
+    return lambda update: direct(rtxn, update)
 
 
 def insert_all(root: Any, items: Iterable[tuple[str, Any]]) -> None:

@@ -8,22 +8,20 @@ many updates in O(n log n) (hazard 2). A corrupt entry is skipped and recorded, 
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pycrdt import merge_updates
 
 from .._errors import CollectionKindMismatch, InvalidUpdate, JournalCorrupt, PayloadTooLarge
 from .._journal import Op, Row, checksum
-from .._values import from_stored
 from ._document import _EMPTY_UPDATES, DEFAULT_MAX_UPDATE, KINDS, ReplicaDocument
 from ._provenance import _SETTLE_MIN
-from ._pycrdt import ABSENT, map_get, raw
+from ._pycrdt import ABSENT, map_get, map_reader, raw, update_applier
 
 log = logging.getLogger("crdtstore.replica")
-_ABSENT: Any = ABSENT  # (map_get's: a key that is not there)
+_ABSENT: Any = ABSENT  # (map_reader's: a key that is not there)
 
 
 def tree_merge(updates: Sequence[bytes], fan_in: int = 64) -> bytes:
@@ -82,78 +80,113 @@ class JournalReplay(ReplicaDocument):
 
         The batch is applied and read back in one pycrdt transaction (pycrdt otherwise opens
         and commits one per update applied and several per key read); the entries are still
-        integrated one by one, in the given order.
+        integrated one by one, in the given order. The value before the batch of a key that
+        :meth:`_winners` needs is read just before the batch's first entry that writes it.
 
         An entry that fails its checksum or does not decode (a torn or corrupted entry) is
         skipped, never applied, and recorded in :attr:`skipped` as a :class:`JournalCorrupt`;
         the entries around it are applied as usual (DESIGN I4: a torn tail is skipped and
         never corrupts earlier entries).
         """
-        touched: dict[tuple[str, str], list[tuple[Op, Row]]] = {}
         # keys whose provenance names a later entry (or one not journaled yet) than a row of
         # this batch that writes them: their value before the batch (see _winners)
         before: dict[tuple[str, str], Any] = {}
-        applied: list[Row] = []  # (for the item provenance index)
-        coll_seq = self.coll_seq
+        # collection -> key -> the batch's write of it, or its writes (in journal order)
+        touched: dict[str, dict[str, _Held]] = {}
+        item_rows: list[Row] = []  # (for the item provenance index)
         doc = self.doc
         index = self.index
+        coll_seq = self.coll_seq
+        check = self.check_update
+        head = self.head
+        name: Any = None  # the collection of the last map op, and its touched keys
+        keyed: dict[str, _Held] = {}
         with doc.transaction() as txn:
+            rtxn = raw(txn)
+            apply = update_applier(doc, rtxn)  # (straight to yrs in this transaction)
             # an update from elsewhere may register a name concurrently as another kind:
             # forget what was cached (see apply_update), the registry is the truth
             self._kinds.clear()
             for row in rows:
-                update = row.update
+                seq, update, effect = row.seq, row.update, row.effect
                 if checksum(update) != row.checksum:
-                    self._skip(JournalCorrupt(run, row.seq, "checksum mismatch"))
+                    self._skip(JournalCorrupt(run, seq, "checksum mismatch"))
                     continue
                 if index:
-                    for op in row.effect:
-                        if op[0] == "map" and (op[1], op[3]) not in touched:
+                    for op in effect:
+                        if op[0] == "map":
                             named = index.get(op[1], _NO_KEYS).get(op[3])
-                            if named is not None and (
-                                type(named) is not int or named > row.seq
+                            if (
+                                named is not None
+                                and (type(named) is not int or named > seq)
+                                and (op[1], op[3]) not in before
+                                and op[3] not in touched.get(op[1], _NO_KEYS)
                             ):  # (a Meta: not journaled yet, so later than the row)
-                                before.setdefault(
-                                    (op[1], op[3]), self._map_value(op[1], op[3], raw(txn))
-                                )
+                                before[(op[1], op[3])] = self._map_value(op[1], op[3], rtxn)
                 try:
                     # journal entries passed their checksum: skip the trial decode that
                     # untrusted bytes get (pycrdt leaves the doc intact on bytes it rejects)
-                    self.check_update(update, trial_decode=False, size_limit=False)
-                    doc.apply_update(update)
+                    check(update, trial_decode=False, size_limit=False)
+                    apply(update)
                 except InvalidUpdate as exc:
-                    self._skip(JournalCorrupt(run, row.seq, exc.reason))
+                    self._skip(JournalCorrupt(run, seq, exc.reason))
                     continue
                 except BaseException as exc:  # pycrdt raises ValueError, RuntimeError or a panic
                     if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                         raise
-                    self._skip(JournalCorrupt(run, row.seq, f"{type(exc).__name__}: {exc}"))
+                    self._skip(JournalCorrupt(run, seq, f"{type(exc).__name__}: {exc}"))
                     continue
-                if row.seq > self.head:
-                    self.head = row.seq
-                effect = row.effect
-                if effect:
-                    applied.append(row)
-                    for op in effect:
-                        coll_seq[op[1]] = row.seq
-                        if op[0] == "map":
-                            writes = touched.get((op[1], op[3]))
-                            if writes is None:
-                                touched[(op[1], op[3])] = [(op, row)]
-                            else:
-                                writes.append((op, row))
-            if applied:
-                self.items.applied_rows(applied)
+                if seq > head:
+                    head = seq
+                items = False
+                for op in effect:
+                    coll = op[1]
+                    coll_seq[coll] = seq
+                    if op[0] == "map":
+                        if coll != name:
+                            name = coll
+                            got = touched.get(coll)
+                            if got is None:
+                                got = touched[coll] = {}
+                            keyed = got
+                        key = op[3]
+                        held = keyed.get(key)
+                        if held is None:
+                            keyed[key] = (op, row)
+                        elif isinstance(held, list):
+                            held.append((op, row))
+                        else:
+                            keyed[key] = [held, (op, row)]
+                    else:
+                        items = True
+                if items:
+                    item_rows.append(row)
+            self.head = head
+            if item_rows:
+                self.items.applied_rows(item_rows)
             if not touched:
                 return
-            winners = self._winners(touched, raw(txn), before)
+            winners = self._winners(touched, rtxn, before)
+        self._remember_rows(winners)
+        # only a collection this batch grew can have reached the size _settle acts on
+        if any(len(index.get(name, ())) >= _SETTLE_MIN for name in touched):
+            self._settle()
+
+    def _remember_rows(self, winners: dict[int, Row]) -> None:
+        """Put the entries of ``winners`` (by position) in the entry table, in journal order
+        (appended in the usual case, as :meth:`ProvenanceIndex.journaled_many` does)."""
+        table = self.table
+        tseqs, walls, who, names = table.seqs, table.walls, table.who, table.names
         for seq in sorted(winners):  # in journal order: the table appends
             row = winners[seq]
-            self._remember(seq, row.agent, row.source, row.wall_time, row.origin)
-        # only a collection this batch grew can have reached the size _settle acts on
-        index = self.index
-        if any(len(index.get(name, ())) >= _SETTLE_MIN for name, _ in touched):
-            self._settle()
+            if tseqs and seq <= tseqs[-1]:
+                table.add(seq, row.agent, row.source, row.wall_time, row.origin)
+            else:
+                tseqs.append(seq)
+                walls.append(row.wall_time)
+                who.append(names(row.agent, row.source, row.origin))
+        if len(tseqs) > table.sweep_at:
+            table.keep(self._live_seqs())
 
     def _map_value(self, coll: str, key: str, rtxn: Any) -> Any:
         """The value of ``coll[key]`` inside the open transaction ``rtxn`` (``_ABSENT``: not
@@ -166,12 +199,11 @@ class JournalReplay(ReplicaDocument):
         root = self._roots.get((coll, "map"))
         if root is None:
             return _ABSENT  # (never read as a map here: nothing to compare with)
-        value = map_get(root, rtxn, key)
-        return value if value is _ABSENT else from_stored(value)
+        return map_get(root, rtxn, key)
 
     def _winners(
         self,
-        touched: dict[tuple[str, str], list[tuple[Op, Row]]],
+        touched: dict[str, dict[str, _Held]],
         rtxn: Any,
         before: dict[tuple[str, str], Any],
     ) -> dict[int, Row]:
@@ -184,48 +216,51 @@ class JournalReplay(ReplicaDocument):
         entry later than this batch's rows (this replica's own write, journaled or not yet)
         and whose value the batch left as it was (``before``) keeps that entry.
 
-        Reads with :func:`._pycrdt.map_get` in the open transaction (pycrdt's ``Map.get`` was
-        the largest part of applying a one-key entry).
+        Reads with :func:`._pycrdt.map_reader` in the open transaction. Values are compared
+        as yrs returns them (``==`` takes ``1.0`` and ``1`` as equal, as ``from_stored``
+        makes them).
         """
         winners: dict[int, Row] = {}
         kinds = self._kinds
-        registry = self.registry
+        registry = map_reader(self.registry, rtxn)
         index = self.index
-        name = ""
-        root: Any = None
-        for (coll, key), writes in touched.items():
-            if coll != name:
-                name = coll
-                kind = kinds.get(coll)
-                if kind is None:
-                    kind = map_get(registry, rtxn, coll)
-                    if kind in KINDS:
-                        kinds[coll] = kind
-                if kind in KINDS and kind != "map":
-                    root = None  # registered as another kind: not a map key (see root())
-                else:
-                    root = self._roots.get((coll, "map"))
-                    if root is None:
-                        root = self.root(coll, "map")
+        for coll, keyed in touched.items():
+            kind = kinds.get(coll)
+            if kind is None:
+                kind = registry(coll)
+                if kind in KINDS:
+                    kinds[coll] = kind
+            if kind in KINDS and kind != "map":
+                continue  # registered as another kind: not a map key (see root())
+            root = self._roots.get((coll, "map"))
             if root is None:
-                continue
-            current = map_get(root, rtxn, key)
-            if current is not _ABSENT:
-                value = from_stored(current)
-            winner = None
-            for op, row in reversed(writes):
-                if current is _ABSENT:
-                    if op[2] != "set":
+                root = self.root(coll, "map")
+            read = map_reader(root, rtxn)
+            keys = index.get(coll)
+            for key, held in keyed.items():
+                current = read(key)
+                winner: Row | None = None
+                if not isinstance(held, list):  # the usual case: one write of the key
+                    op, row = held
+                    if (
+                        op[2] != "set"
+                        if current is _ABSENT
+                        else (op[2] == "set" and op[4] == current)
+                    ):
                         winner = row
-                        break
-                elif op[2] == "set" and from_stored(op[4]) == value:
-                    winner = row
-                    break
-            now = value if current is not _ABSENT else _ABSENT
-            if winner is not None and (coll, key) in before and before[(coll, key)] == now:
-                continue  # (the later entry the index names wrote this value too)
-            if winner is not None:  # else a write from before this batch is still current
-                keys = index.get(coll)
+                else:
+                    for op, row in reversed(held):
+                        if current is _ABSENT:
+                            if op[2] != "set":
+                                winner = row
+                                break
+                        elif op[2] == "set" and op[4] == current:
+                            winner = row
+                            break
+                if winner is None:
+                    continue  # a write from before this batch is still current
+                if before and (coll, key) in before and before[(coll, key)] == current:
+                    continue  # (the later entry the index names wrote this value too)
                 if keys is None:
                     keys = index[coll] = {}
                 keys[key] = winner.seq
@@ -238,6 +273,10 @@ class JournalReplay(ReplicaDocument):
 
 
 _NO_KEYS: dict[str, Any] = {}
+
+# a key's write in a batch, or its writes when several (see JournalReplay._apply_rows)
+_Held = tuple[Op, Row] | list[tuple[Op, Row]]
+
 
 # entries a bulk load merges into one apply: measured on 20k-100k entries, groups of 16-64
 # apply in 0.6-0.7x the time of one apply per entry; much larger groups of list appends by
@@ -255,13 +294,18 @@ _Write = tuple[int, Op, str, str, float, str, int]
 _DELETES = -(1 << 62)  # the slot of a key's deletes (a client id is >= 0, -seq is above it)
 
 
+def _by_seq(write: _Write) -> int:
+    return write[0]
+
+
 class _OneByOne(Exception):
     pass
 
 
 class BulkLoad:
     """Apply many journal entries to a replica (compaction, replay) with the same document and
-    provenance as :meth:`Replica.apply_rows`, at a fraction of its per-entry cost.
+    provenance as :meth:`Replica.apply_rows`, resolving each key once for many entries (a key
+    written many times costs one read of the document, not one per batch).
 
     The entries passed to :meth:`feed` are checked (CRC-32), merged in groups of
     ``_BULK_GROUP`` and each group applied to the document once (entry by entry only if the
@@ -280,8 +324,9 @@ class BulkLoad:
     def __init__(self, replica: JournalReplay, run: str = "") -> None:
         self.replica = replica
         self.run = run
-        # (collection, key) -> the last write, or client id -> last write when several wrote
-        self._pending: dict[tuple[str, str], _Write | dict[int, _Write]] = {}
+        # collection -> key -> the last write, or client id -> last write when several wrote
+        self._pending: dict[str, dict[str, _Write | dict[int, _Write]]] = {}
+        self._count = 0  # keys pending
         self._every_write = False  # set once an entry was skipped
 
     def feed(self, rows: Sequence[Row]) -> None:
@@ -317,72 +362,86 @@ class BulkLoad:
                 applied.append(row)
         replica.items.applied_rows(applied)
         pending, coll_seq = self._pending, replica.coll_seq
+        head, every, count = replica.head, self._every_write, self._count
+        name: Any = None  # the collection of the last map op, and its pending keys
+        keyed: dict[str, _Write | dict[int, _Write]] = {}
         for row in applied:
-            if row.seq > replica.head:
-                replica.head = row.seq
+            seq = row.seq
+            if seq > head:
+                head = seq
             if not row.effect:
                 continue
             # the slot a write replaces: the writer's last set, or the last delete (every
             # write its own slot once an entry was skipped)
-            seq, client, every = row.seq, row.client_id, self._every_write
+            client = row.client_id
             agent, source, wall, origin = row.agent, row.source, row.wall_time, row.origin
             for op in row.effect:
-                coll_seq[op[1]] = seq
+                coll = op[1]
+                coll_seq[coll] = seq
                 if op[0] != "map":
                     continue
+                if coll != name:
+                    name = coll
+                    got = pending.get(coll)
+                    if got is None:
+                        got = pending[coll] = {}
+                    keyed = got
                 slot = -seq if every else client if op[2] == "set" else _DELETES
                 write: _Write = (seq, op, agent, source, wall, origin, slot)
-                where = (op[1], op[3])
-                held = pending.get(where)
+                key = op[3]
+                held = keyed.get(key)
                 if held is None:
-                    pending[where] = write
+                    keyed[key] = write
+                    count += 1
                 elif isinstance(held, dict):
                     held[slot] = write
                 elif held[6] == slot:
-                    pending[where] = write
+                    keyed[key] = write
                 else:
-                    pending[where] = {held[6]: held, slot: write}
-        if len(pending) > _BULK_PENDING_KEYS:
+                    keyed[key] = {held[6]: held, slot: write}
+        replica.head = head
+        self._count = count
+        if count > _BULK_PENDING_KEYS:
             self.finish()
 
     def finish(self) -> None:
         """Attribute every pending key to the entry whose write the document kept."""
         replica, pending = self.replica, self._pending
-        self._pending = {}
-        by_name: dict[str, list[tuple[str, _Write | dict[int, _Write]]]] = {}
-        for (name, key), held in pending.items():
-            by_name.setdefault(name, []).append((key, held))
-        del pending
+        self._pending, self._count = {}, 0
         winners: dict[int, _Write] = {}
-        for name, keyed in by_name.items():
-            try:
-                root = replica.root(name, "map")
-            except CollectionKindMismatch:
-                continue
-            get: Callable[[str, Any], Any] = root.get
-            if len(keyed) * 4 >= len(root):  # most of the map: read it in one call
+        # every key read in one transaction (map_reader), as JournalReplay._winners does
+        with replica.doc.transaction() as txn:
+            rtxn = raw(txn)
+            for name, keyed in pending.items():
                 try:
-                    get = json.loads(str(root)).get  # (its JSON: far cheaper than items())
-                except ValueError:
-                    get = dict(root.items()).get
-            index = replica.index.setdefault(name, {})
-            for key, held in keyed:
-                current = get(key, _ABSENT)
-                writes = (
-                    sorted(held.values(), key=lambda w: w[0], reverse=True)
-                    if isinstance(held, dict)
-                    else (held,)
-                )
-                for write in writes:
-                    op = write[1]
+                    root = replica.root(name, "map")
+                except CollectionKindMismatch:
+                    continue
+                read = map_reader(root, rtxn)
+                index = replica.index.setdefault(name, {})
+                for key, held in keyed.items():
+                    current = read(key)
                     # (== compares 1.0 and 1 equal, as from_stored would make them)
-                    if (current is _ABSENT and op[2] != "set") or (
-                        current is not _ABSENT and op[2] == "set" and op[4] == current
-                    ):
-                        index[key] = write[0]
-                        winners[write[0]] = write
-                        break
-                # no write matched: a write from before these entries is still current
+                    if not isinstance(held, dict):  # the usual case: one write of the key
+                        op = held[1]
+                        if (
+                            op[2] != "set"
+                            if current is _ABSENT
+                            else (op[2] == "set" and op[4] == current)
+                        ):
+                            index[key] = held[0]
+                            winners[held[0]] = held
+                        continue
+                    for write in sorted(held.values(), key=_by_seq, reverse=True):
+                        op = write[1]
+                        if (current is _ABSENT and op[2] != "set") or (
+                            current is not _ABSENT and op[2] == "set" and op[4] == current
+                        ):
+                            index[key] = write[0]
+                            winners[write[0]] = write
+                            break
+                    # no write matched: a write from before these entries is still current
+        del pending
         table = replica.table
         tseqs, walls, who, names = table.seqs, table.walls, table.who, table.names
         for seq in sorted(winners):  # in journal order: the table appends

@@ -20,20 +20,25 @@ _COLS = "seq, agent, source, client_id, wall_time, upd, effect, crc, origin, cal
 
 def _rows(raw: list[Any]) -> list[Row]:
     # agent, source and run names repeat on every row: share one string each (the
-    # provenance index keeps them for every key; it does not keep call ids)
-    intern, parse = sys.intern, _effect
+    # provenance index keeps them for every key; it does not keep call ids). Built with
+    # tuple.__new__: a NamedTuple's own __new__ is a Python function (a resume builds a row
+    # per journal entry).
+    intern, parse, new = sys.intern, _effect, tuple.__new__
     return [
-        Row(
-            r[0],
-            intern(r[1]),
-            intern(r[2]),
-            r[3],
-            r[4],
-            r[5],
-            parse(r[6]),
-            r[7],
-            intern(r[8]),
-            r[9],
+        new(
+            Row,
+            (
+                r[0],
+                intern(r[1]),
+                intern(r[2]),
+                r[3],
+                r[4],
+                r[5],
+                parse(r[6]),
+                r[7],
+                intern(r[8]),
+                r[9],
+            ),
         )
         for r in raw
     ]
