@@ -3,7 +3,7 @@ passes before anything runs.
 
 A step is ``{id, executor: {kind, ...}, owned_files, retries, backoff, timeout, inputs,
 needs, agent, view}``; a step may also be written flat, with its executor's fields beside its
-own (``{id: lint, kind: script, run: "ruff check ."}``), as in the branches of seed 003.
+own (``{id: lint, kind: script, run: "ruff check ."}``), as parallel branches usually are.
 Unknown fields are refused; every error names the field (:class:`SpecInvalid`).
 """
 
