@@ -1,44 +1,12 @@
 """The agent tools on the command line: shell commands for shell agents, and the MCP server.
 
-::
-
-    crdtstore get URL --run R --agent A COLLECTION [KEY] [--cursor C]
-    crdtstore put URL --run R --agent A COLLECTION KEY VALUE_JSON
-                  [--expected-version N] [--based-on N]
-    crdtstore append URL --run R --agent A COLLECTION VALUE_JSON
-    crdtstore edit URL --run R --agent A COLLECTION
-                  (--find X --replace Y | --at N [--delete M] [--insert S] | --edits JSON)
-    crdtstore changes URL --run R --agent A SINCE_VERSION
-    crdtstore claim URL --run R --agent A COLLECTION ITEM [--ttl S] [--result JSON]
-                  [-- CMD ARGS...]
-    crdtstore mcp --store URL --run R --agent A [--source model] [--view PATTERN ...] [--ro]
-                  [--http HOST:PORT] [--token T] [--tenant T]
-
-Every shell command also takes ``--source`` (default ``model``), ``--tenant`` and ``--token``.
-It prints one JSON object on standard output, the very result of the tool it runs
-(``store_get``, ``store_put``, ``store_append``, ``store_text_edit``, ``store_changes``,
-``store_complete``), and exits 0; a refusal (any result with ``"error"``, such as
-STALE_VERSION) is printed the same way, and the exit status is 3, so that a script can branch
-on it. Usage errors (a malformed VALUE_JSON included) exit 2, a store that cannot be opened 1.
-Writes are journaled before the command exits.
-
-``claim`` with a command after ``--`` holds the claim while the command runs (a claim cannot
-outlive the process holding its lease: a dead holder's is reaped), passes the command's output
-on to standard error, then completes the item with ``{"exit": 0, "tail": LAST_LINES}`` when
-the command exits 0, or releases it otherwise; it exits with the command's status (as
-``flock`` does), or 3 when the claim is refused. Without a command, it claims and completes the
-item at once with ``--result`` (recording that the item is done).
-
-``--run``, ``--agent``, ``--source``, ``--tenant`` and ``--token`` default to
-``$CRDTSTORE_RUN``, ``$CRDTSTORE_AGENT``, ``$CRDTSTORE_SOURCE``, ``$CRDTSTORE_TENANT`` and
-``$CRDTSTORE_TOKEN`` (what a kernel's ``script`` step is given), and every write carries
-``$CRDTSTORE_CALL`` as its tool-call id.
-
-``--agent`` names the writer; through a hub (``ws://host:port/<tenant>`` with ``--token``) the
-token names it and ``--agent`` is ignored (it may be left out). ``URL`` is a store URL or the
-path of a SQLite store file; ``get`` and ``changes`` refuse a SQLite file that does not exist.
-``mcp --http`` does not authenticate its HTTP clients: keep it on a loopback address (it warns
-otherwise).
+``crdtstore get``, ``put``, ``append``, ``edit``, ``changes`` and ``claim`` each run one tool
+of the :class:`~crdtstore.tools.Toolset` (``store_get``, ``store_put``, ...) and print its
+result, the very JSON object a model gets, so a shell agent and a model agent see the same
+contract; ``crdtstore mcp`` serves the same toolset over MCP (:mod:`crdtstore.tools._mcp`).
+The exit statuses let a script branch on a refusal without parsing (see
+:data:`EXIT_REFUSED`); ``claim -- CMD`` holds the claim while the command runs, as ``flock``
+holds a lock. The options default to the environment a workflow's ``script`` step is given.
 """
 
 from __future__ import annotations
@@ -66,6 +34,24 @@ from ._store import open_store
 if TYPE_CHECKING:
     from .tools import Toolset
 
+# The contract of the shell commands (README "Tools for shell agents"):
+# - one JSON object on standard output, the tool's result, and exit 0; a refusal (any result
+#   with "error", such as STALE_VERSION) is printed the same way and exits EXIT_REFUSED;
+#   usage errors (a malformed VALUE_JSON included) exit 2, a store that cannot be opened 1.
+#   Writes are journaled before the command exits.
+# - `claim` with a command after `--` holds the claim while the command runs (a claim cannot
+#   outlive the process holding its lease: a dead holder's is reaped), passes the command's
+#   output on to standard error, then completes the item with {"exit": 0, "tail": LAST_LINES}
+#   when the command exits 0, or releases it otherwise; it exits with the command's status,
+#   or EXIT_REFUSED when the claim is refused. Without a command it claims and completes the
+#   item at once with --result.
+# - --run, --agent, --source, --tenant and --token default to $CRDTSTORE_RUN, _AGENT,
+#   _SOURCE, _TENANT and _TOKEN (what a workflow's `script` step is given); every write
+#   carries $CRDTSTORE_CALL as its tool-call id.
+# - through a hub (ws://host:port/<tenant> with --token) the token names the writer and
+#   --agent is ignored. URL is a store URL or the path of a SQLite store file; `get` and
+#   `changes` refuse a SQLite file that does not exist. `mcp --http` does not authenticate
+#   its HTTP clients: keep it on a loopback address (it warns otherwise).
 EXIT_REFUSED = 3
 TAIL_LINES = 20
 TAIL_CHARS = 4000

@@ -1,29 +1,11 @@
 """The agent process of ``crdtstore demo``, and the check that nothing it acknowledged was lost.
 
-Run as ``python -m crdtstore._demo --store URL --run RUN --agent NAME --writes N``. The agent
-opens the run's record, then talks to its parent through stdout, one JSON object per line,
-written whole and flushed at once:
-
-- ``{"type": "ready"}`` once the record is open; the agent then waits for ``go`` on stdin, so
-  that every agent starts writing at the same moment;
-- ``{"type": "ack", ...}`` for every write, *after* it is in the journal: a ``durable`` record
-  returns from a write once it is committed with ``synchronous=FULL``, a ``batched`` one is
-  flushed first (see :func:`run_agent` for the kinds of writes);
-- ``{"type": "written"}`` when all writes are acknowledged; the agent then waits for ``check``
-  on stdin (sent once every agent has written), reads the journal up to its head and reports
-  ``{"type": "state", "digest": ...}``: a digest of its whole record, which must be the same
-  in every agent and in the parent (convergence);
-- errors go to stderr and the exit status is non-zero.
-
-The writes, cycling over four kinds until ``--writes`` are done:
-
-1. ``findings`` (a list): append ``{"agent", "n", "text"}``;
-2. ``status`` (a map): the agent's own keys ``AGENT:progress`` and ``AGENT:last`` in one update;
-3. ``shared`` (a map): one of :data:`SHARED_KEYS`, written by every agent (last writer wins; the
-   losers stay in the key's history);
-4. ``notes`` (a text): after ``sync()``, the agent inserts a line of its own at a random line
-   boundary of the current text and hands the whole new text to ``edit()``, which turns it into
-   character edits, so the lines that other agents inserted concurrently survive.
+Run as ``python -m crdtstore._demo --store URL --run RUN --agent NAME --writes N``: a real
+process per agent, so the demo shows what the store promises across processes (every
+acknowledged write survives, every agent converges), not what one event loop can fake. The
+agent talks to its parent through stdout, one JSON object per line (the steps:
+:func:`run_agent`); :func:`verify` is the parent's check of the acknowledged writes against
+the record and its journal.
 """
 
 from __future__ import annotations
@@ -100,7 +82,34 @@ async def run_agent(
     url: str, run: str, agent: str, writes: int, durability: Durability, seed: str
 ) -> None:
     """Open the record as ``agent``, make ``writes`` writes, acknowledging each once it is in
-    the journal, then report the digest of the converged record (see the module docstring)."""
+    the journal, then report the digest of the converged record.
+
+    The agent talks to its parent through stdout, one JSON object per line, written whole and
+    flushed at once:
+
+    - ``{"type": "ready"}`` once the record is open; the agent then waits for ``go`` on stdin,
+      so that every agent starts writing at the same moment;
+    - ``{"type": "ack", ...}`` for every write, *after* it is in the journal: a ``durable``
+      record returns from a write once it is committed with ``synchronous=FULL``, a
+      ``batched`` one is flushed first;
+    - ``{"type": "written"}`` when all writes are acknowledged; the agent then waits for
+      ``check`` on stdin (sent once every agent has written), reads the journal up to its head
+      and reports ``{"type": "state", "digest": ...}``: a digest of its whole record, which
+      must be the same in every agent and in the parent (convergence);
+    - errors go to stderr and the exit status is non-zero.
+
+    The writes, cycling over four kinds until ``writes`` are done:
+
+    1. ``findings`` (a list): append ``{"agent", "n", "text"}``;
+    2. ``status`` (a map): the agent's own keys ``AGENT:progress`` and ``AGENT:last`` in one
+       update;
+    3. ``shared`` (a map): one of :data:`SHARED_KEYS`, written by every agent (last writer
+       wins; the losers stay in the key's history);
+    4. ``notes`` (a text): after ``sync()``, the agent inserts a line of its own at a random
+       line boundary of the current text and hands the whole new text to ``edit()``, which
+       turns it into character edits, so the lines that other agents inserted concurrently
+       survive.
+    """
     rng = random.Random(f"{seed}/{agent}")
     async with (
         open_store(url) as store,

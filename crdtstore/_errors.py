@@ -1,33 +1,8 @@
-"""The error tree of crdtstore.
+"""The error tree of crdtstore: one root, :class:`CrdtStoreError`, whose docstring draws the tree.
 
 Every error has a stable machine ``code`` (what agent tools and the sync hub return) and
-composes its own message from its fields::
-
-    CrdtStoreError
-    ├── InvalidName (ValueError)            INVALID_NAME
-    ├── InvalidValue (ValueError)           INVALID_VALUE
-    ├── InvalidUpdate (ValueError)          INVALID_UPDATE
-    ├── PayloadTooLarge (ValueError)        PAYLOAD_TOO_LARGE
-    ├── UnsupportedURL (ValueError)         UNSUPPORTED_URL
-    ├── CollectionKindMismatch (TypeError)  COLLECTION_KIND
-    ├── UnknownRun (LookupError)            UNKNOWN_RUN
-    ├── StoreClosed (RuntimeError)          CLOSED
-    ├── NestedTransaction (RuntimeError)    NESTED_TRANSACTION
-    ├── RunClosed (PermissionError)         RUN_CLOSED
-    │   └── ReadOnlyAccess                  READ_ONLY
-    ├── UnsupportedOperation                UNSUPPORTED
-    ├── SchemaInvalid (ValueError)          SCHEMA_INVALID
-    ├── PolicyViolation (PermissionError)   POLICY_VIOLATION
-    ├── StaleVersion                        STALE_VERSION
-    ├── BudgetExceeded                      BUDGET_EXCEEDED
-    ├── InvalidResource (ValueError)        INVALID_RESOURCE
-    ├── LeaseError
-    │   ├── LeaseHeld                       LEASE_HELD
-    │   ├── LeaseLost                       LEASE_LOST
-    │   ├── LeaseNotFound (LookupError)     LEASE_NOT_FOUND
-    │   └── LeaseTimeout (TimeoutError)     LEASE_TIMEOUT
-    └── BackendError (OSError)              BACKEND
-        └── JournalCorrupt                  JOURNAL_CORRUPT
+composes its own message from its fields; an error subclasses a builtin where the meaning
+matches (``InvalidName(ValueError)``, ``LeaseTimeout(TimeoutError)``), never shadows one.
 
 Errors of the backends' libraries (sqlite3, ...) are translated into ``BackendError`` at the
 backend boundary, so callers never have to catch a driver's exception type.
@@ -70,7 +45,38 @@ __all__ = [
 
 
 class CrdtStoreError(Exception):
-    """Root of every error crdtstore raises on purpose."""
+    """Root of every error crdtstore raises on purpose.
+
+    Every error has a stable machine ``code`` (the second column)::
+
+        CrdtStoreError
+        ├── InvalidName (ValueError)            INVALID_NAME
+        ├── InvalidValue (ValueError)           INVALID_VALUE
+        ├── InvalidUpdate (ValueError)          INVALID_UPDATE
+        ├── PayloadTooLarge (ValueError)        PAYLOAD_TOO_LARGE
+        ├── UnsupportedURL (ValueError)         UNSUPPORTED_URL
+        ├── CollectionKindMismatch (TypeError)  COLLECTION_KIND
+        ├── UnknownRun (LookupError)            UNKNOWN_RUN
+        ├── StoreClosed (RuntimeError)          CLOSED
+        ├── NestedTransaction (RuntimeError)    NESTED_TRANSACTION
+        ├── RunClosed (PermissionError)         RUN_CLOSED
+        │   └── ReadOnlyAccess                  READ_ONLY
+        ├── UnsupportedOperation                UNSUPPORTED
+        ├── SchemaInvalid (ValueError)          SCHEMA_INVALID
+        ├── PolicyViolation (PermissionError)   POLICY_VIOLATION
+        ├── StaleVersion                        STALE_VERSION
+        ├── BudgetExceeded                      BUDGET_EXCEEDED
+        ├── InvalidResource (ValueError)        INVALID_RESOURCE
+        ├── LeaseError
+        │   ├── LeaseHeld                       LEASE_HELD
+        │   ├── LeaseLost                       LEASE_LOST
+        │   ├── LeaseNotFound (LookupError)     LEASE_NOT_FOUND
+        │   └── LeaseTimeout (TimeoutError)     LEASE_TIMEOUT
+        └── BackendError (OSError)              BACKEND
+            └── JournalCorrupt                  JOURNAL_CORRUPT
+
+    The sync layer's token errors (``TokenError`` and below) hang under this root too.
+    """
 
     code: str = "CRDTSTORE_ERROR"
 

@@ -1,19 +1,16 @@
 """Guarded appends decided by the backend: the interfaces a journal backend offers beyond
 :class:`~crdtstore._journal.JournalBackend` when it can check a write's guard and append it in
-one atomic step (issue 15: ``JournalBackend`` keeps what every backend needs; what only some
-backends can do is a separate, typed interface).
+one atomic step (what only some backends can do is a separate, typed interface).
 
 Two kinds, one per way of deciding a guard:
 
 - :class:`AtomicGuardedAppend` (SQLite, Redis): the **writer** decides the guard with its own
   replica, which has applied every entry up to position ``seen``, and the backend appends
-  only if nothing that could change that decision was journaled after ``seen`` (no entry
-  touching a guarded map key or scope) and the fencing lease still holds, in one step
-  (SQLite: one ``BEGIN IMMEDIATE`` transaction; Redis: one Lua script). Otherwise it raises
-  :class:`GuardMoved` (the writer reads the new entries, decides again and retries) or
-  ``LeaseLost``. The version a guard compares is the replica's (the write whose value the
-  key shows, Yjs conflict resolution included), which no server-side index can compute;
-  the backend checks only what it can: that the decision is still current.
+  only if no entry journaled after ``seen`` touches a guarded map key or scope and the
+  fencing lease still holds, in one step (SQLite: one ``BEGIN IMMEDIATE`` transaction; Redis:
+  one Lua script); otherwise :class:`GuardMoved` (read, decide again, retry) or ``LeaseLost``.
+  The version a guard compares is the replica's (Yjs conflict resolution included), which no
+  server-side index can compute: the backend checks only that the decision is still current.
 - :class:`RemoteGuardedAppend` (``ws://``): a **server** holds the replica, decides the
   guard and journals the entry (``journal.append_guarded`` of the hub).
 

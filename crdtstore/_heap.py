@@ -2,9 +2,8 @@
 
 Applying a snapshot (one update of many MB) makes yrs decode the whole update before it
 integrates it; the decoded form is freed afterwards, but glibc's allocator keeps the pages in
-its arenas, so the process's resident memory stays about 10 MiB higher per 100k map entries
-than the document needs (bench/memory.py: a record opened from a 100k-key snapshot, 60.6 MiB
-before, 50.7 MiB after). ``malloc_trim(0)`` returns those pages; it takes well under 1 ms.
+its arenas, so the process's resident memory stays well above what the document needs (the
+figures: bench/memory.py). ``malloc_trim(0)`` returns those pages, cheaply.
 
 Only glibc has it: elsewhere (musl, macOS, Windows) :func:`release_free_memory` does nothing.
 """

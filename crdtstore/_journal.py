@@ -4,21 +4,15 @@ A journal is, per run, a sequence of entries numbered 1, 2, 3, ... (the journal 
 ``seq``). Each entry is one local transaction of one record: its pycrdt v1 update bytes, who
 wrote it (agent, source kind, the writing Doc's client id, and the tool call it was made for,
 if any: ``call``, see ``Record.attributed``), when (wall time), a checksum, and its *effect*:
-the operations it made, as JSON (used for history, change notification and audit without
-decoding update bytes).
-
-An effect is a list of operations, each a list::
-
-    ["map", collection, "set", key, value]
-    ["map", collection, "del", key]
-    ["list", collection, "ins", index, [values...]]
-    ["list", collection, "del", index, count]
-    ["text", collection, "ins", index, text]
-    ["text", collection, "del", index, count]
+the operations it made, as JSON (see :data:`Op`), so that history, change notification and
+audit never decode update bytes.
 
 The order of a run's journal is a causal order: a writer appends an entry only after the entries
 it has applied, and its own entries in the order it made them. Applying entries one by one in
 ``seq`` order is therefore always safe (PYCRDT-NOTES hazard 1).
+
+:class:`JournalBackend` keeps only what every backend needs; what only some backends can do
+(guarded appends, remote state) is a separate interface (:mod:`crdtstore._guarded_append`).
 """
 
 from __future__ import annotations
@@ -38,6 +32,14 @@ T = TypeVar("T")
 Source = Literal["tool", "model", "user", "system"]
 SOURCES: frozenset[str] = frozenset(("tool", "model", "user", "system"))
 Durability = Literal["durable", "batched"]
+# An effect is a list of operations, each a list:
+#
+#   ["map", collection, "set", key, value]
+#   ["map", collection, "del", key]
+#   ["list", collection, "ins", index, [values...]]
+#   ["list", collection, "del", index, count]
+#   ["text", collection, "ins", index, text]
+#   ["text", collection, "del", index, count]
 Op = list[Any]
 
 

@@ -5,21 +5,15 @@ In-process, a :class:`Watch` per run holds an event that is set on every append.
 Across processes (the SQLite store), every store object binds a Unix datagram socket in a
 folder derived from the store file's real path and the store's tenant; after each commit the
 writer sends ``tenant NUL run`` to every socket in that folder, followed by ``NUL seq`` when
-it knows the journal position it committed. A datagram costs a few microseconds, needs no
-server, and a dead listener is noticed (``ECONNREFUSED``) and its socket removed.
-Notifications are only a hint, so a lost datagram delays a reader, it never loses data:
-every ``poll_interval`` seconds the store asks its backend whether the journal may have
-changed behind its back (:meth:`JournalBackend.changes`: SQLite's ``data_version``, one
-pragma) and, when it did, for the heads of the runs it reads (:meth:`JournalBackend.heads`:
-one query), and wakes the readers of the runs that moved; every reader when the backend
-cannot tell (:meth:`Notifier.poll`). One check per store and interval, not one read per
-record: a hub with a thousand idle runs loaded does not read a thousand journals four times
-a second, nor all of them when one run is written.
+it knows the journal position it committed. A datagram needs no server, and a dead listener
+is noticed (``ECONNREFUSED``) and its socket removed.
 
-A wake-up that names its position lets a reader skip the read when it has already taken that
-position in (with 8 writers, a reader woken by one datagram often reads the entries of the
-next few before their datagrams arrive): :attr:`Watch.head` is the highest position
-announced, :attr:`Watch.blind` counts the wake-ups that named none (those always mean "read").
+Notifications are only a hint: a lost datagram delays a reader, it never loses data. Every
+``poll_interval`` seconds the store asks its backend whether the journal may have changed
+behind its back (:meth:`JournalBackend.changes`) and, when it did, for the heads of the runs
+it reads (:meth:`JournalBackend.heads`), and wakes the readers of the runs that moved (every
+reader when the backend cannot tell: :meth:`Notifier.poll`). One check per store and
+interval, not one read per record, so a hub with many idle runs loaded stays idle.
 """
 
 from __future__ import annotations
@@ -47,6 +41,10 @@ _QUIET_NS = 50_000_000
 
 class Watch:
     """Wakes the readers of one run.
+
+    A wake-up that names its position lets a reader skip the read when it has already taken
+    that position in (a reader woken by one datagram often reads the entries of the next few
+    writes before their datagrams arrive); a wake-up that names none always means "read".
 
     Attributes:
         event: set (and replaced) on every wake-up; take it before reading.

@@ -8,45 +8,16 @@
             await rec.flush()                                   # the hub journaled it
 
 :class:`WsJournal` is registered for the ``ws`` and ``wss`` schemes in the
-``crdtstore.backends`` entry-point group; the URL names the hub and the tenant
-(``ws://host:port/<tenant>``) and ``token=`` is the access token (``crdtstore token``). The
-``Record`` code is the same as on SQLite: it tails the run's journal (``journal.read`` on the
-hub, with the hub's journal positions, so versions agree with every other writer) and appends
-its writes through the committer (``journal.append``, answered once the hub journaled them: so
-``await rec.flush()`` returns when the hub holds everything written so far). The hub derives
-what each entry did and attributes it to the token's agent and source (never to what the
-client says); a record on a ``ws://`` store takes the token's agent and source as its own
-(a ``source`` given to ``rec.attributed`` is not applied there). The tool-call id of an entry
-(``rec.attributed(call=...)``) is sent with it, and the hub journals it as given.
+``crdtstore.backends`` entry-point group. It is a journal backend, not a sync provider, so
+the ``Record`` code is the same as on SQLite: it tails the run's journal through the hub
+(``journal.read``, with the hub's positions, so versions agree with every other writer) and
+appends through its committer (``journal.append``, answered once the hub journaled it). The
+hub attributes every entry to the token's agent and source, never to what the client says.
 
-**One connection per run**, to ``ws://host:port/<tenant>/<run>?token=...`` with the
-subprotocol ``crdtstore``: the hub then sends it no Yjs sync or update frames (whose content
-may not be journaled yet), only a push when the run's journal head moves, which wakes the
-record's tail. Requests use the extension messages of :class:`ClientSession`.
-
-**Closing while offline** (``rec.aclose()``, leaving the store): the record tries to send
-what is pending for up to ``offline_timeout`` seconds, then closes anyway and logs (error,
-logger ``crdtstore.record``) that it closed with unjournaled writes, and how many; those
-writes are lost to the hub. Give ``offline_timeout=`` to ``open_store`` to choose the bound.
-
-**Guarded writes** (``expected_version``, ``based_on``, fenced writes and claims) are made on a
-scratch copy of the document and sent with their guard (``journal.append_guarded``); the hub
-checks the guard and journals them atomically. Refusals arrive as the same crdtstore errors as
-on SQLite (``StaleVersion`` with the current version and value, ``LeaseLost``, ...).
-
-**Final refusals**: a refused token (HTTP 401/403 at the upgrade), an unknown or closed run
-(close 4404/4410) or a token closed while connected (4401/4403) raise the typed error at the
-next call instead of reconnecting; a write through a read-only token fails with
-:class:`crdtstore.ReadOnlyAccess` (final: the record stops journaling, as for a closed run).
-
-Not supported through a hub (``UnsupportedOperation``): compaction and snapshots, deleting or
-closing runs, nested runs, raw journal transactions (``authority``); ``store.runs()`` lists
-only the runs this store has opened. Leases go to the hub
-(:class:`~sync._lease_rpc.RemoteLeases`) over the connection of a run this store has open.
-
-The connection of a run, its reconnects, pushed entries and the state-vector exchange
-after every reconnect: :mod:`sync._link`. Works on asyncio and trio (``websockets``'
-implementation for each).
+One connection per run, with the subprotocol ``crdtstore``: the hub sends it no Yjs frames
+(their content may not be journaled yet), only pushes when the journal head moves. The
+connection, its reconnects and the exchange after each one: :mod:`sync._link`. Works on
+asyncio and trio. What a hub refuses or does not support: :class:`WsJournal`.
 """
 
 from __future__ import annotations
@@ -117,6 +88,33 @@ _RETRIED = frozenset(
 
 class WsJournal(JournalBackend, RemoteJournal):
     """The journals of one tenant, served by the hub at ``url`` (``ws[s]://host:port/<tenant>``).
+
+    A record on a ``ws://`` store takes the token's agent and source as its own (a ``source``
+    given to ``rec.attributed`` is not applied there); the tool-call id of an entry
+    (``rec.attributed(call=...)``) is sent with it, and the hub journals it as given. Each run
+    has one connection, to ``ws://host:port/<tenant>/<run>?token=...``; requests use the
+    extension messages of :class:`ClientSession`.
+
+    **Closing while offline** (``rec.aclose()``, leaving the store): the record tries to send
+    what is pending for up to ``offline_timeout`` seconds, then closes anyway and logs (error,
+    logger ``crdtstore.record``) that it closed with unjournaled writes, and how many; those
+    writes are lost to the hub. Give ``offline_timeout=`` to ``open_store`` to choose the bound.
+
+    **Guarded writes** (``expected_version``, ``based_on``, fenced writes and claims) are made
+    on a scratch copy of the document and sent with their guard (``journal.append_guarded``);
+    the hub checks the guard and journals them atomically. Refusals arrive as the same crdtstore
+    errors as on SQLite (``StaleVersion`` with the current version and value, ``LeaseLost``,
+    ...).
+
+    **Final refusals**: a refused token (HTTP 401/403 at the upgrade), an unknown or closed run
+    (close 4404/4410) or a token closed while connected (4401/4403) raise the typed error at the
+    next call instead of reconnecting; a write through a read-only token fails with
+    :class:`crdtstore.ReadOnlyAccess` (final: the record stops journaling, as for a closed run).
+
+    Not supported through a hub (``UnsupportedOperation``): compaction and snapshots, deleting
+    or closing runs, nested runs, raw journal transactions (``authority``); ``store.runs()``
+    lists only the runs this store has opened. Leases go to the hub
+    (:class:`~sync._lease_rpc.RemoteLeases`) over the connection of a run this store has open.
 
     Args:
         url: the hub and the tenant.

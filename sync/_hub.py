@@ -6,25 +6,11 @@
     async with anyio.create_task_group() as tg:
         port = await tg.start(hub.serve, "127.0.0.1", 8765)
 
-A client connects to ``ws://host:port/<tenant>/<run>`` with a token (:mod:`sync._tokens`) as
-the ``token`` query parameter (what y-websocket's ``params`` option sends) or as the
-subprotocol ``crdtstore.token.<token>``. The token is checked at the HTTP upgrade
-(``process_request``) and a bad one is refused before any document byte is sent: by default
-(``refuse_with="close"``) the upgrade completes and the connection is closed at once with the
-token error's 44xx code and the reason ``"<CODE>: <reason>"`` (what ends a y-websocket client
-for good); with ``refuse_with="http"`` the upgrade itself is refused with HTTP 401 or 403. A
-token is revoked by its id (``jti``): :meth:`Hub.revoke`, or a line in the revocation file,
-re-read when it changed (checked every ``HubLimits.revocation_poll``).
-
-An accepted connection speaks the y-protocols sync protocol (:class:`~sync.ServerSession`);
-its frames are handled in order, one at a time (so a response to a ``flush`` request
-acknowledges every update sent before it). Each update is applied and journaled through the
-run's record as the token's agent (``Record.apply_update(writer=...)``), then broadcast as is
-to every *other* connection of the run; awareness is relayed to every connection (echoed too, as
-y-websocket's server does). A read-only connection's writes are answered with
-permission-denied and never applied. A malformed frame closes that connection only (4400,
-4413 for a frame over the size limit, 4422 for update bytes the record refuses). Extension
-requests (type 100) go to the op registry of :mod:`sync._ops`.
+Tokens are checked at the HTTP upgrade, before any document byte is sent; a connection's
+frames are handled in order, one at a time, so a response acknowledges every update sent
+before it. Updates are applied and journaled through the run's record as the token's agent,
+never trusting the client, then relayed to the run's other connections (the connection
+rules: :class:`Hub`).
 
 Modules: ``_hub`` (this: serving, the upgrade, revocation, a connection's frames) ->
 ``_hub_runs`` (loaded runs, stores) -> ``_hub_conn`` (a connection's queue and limits),
@@ -130,6 +116,26 @@ def _select_subprotocol(
 
 class Hub(_RunLoader):
     """The sync hub over the store at ``store_url``, accepting tokens signed with ``secret``.
+
+    A client connects to ``ws://host:port/<tenant>/<run>`` with a token (:mod:`sync._tokens`) as
+    the ``token`` query parameter (what y-websocket's ``params`` option sends) or as the
+    subprotocol ``crdtstore.token.<token>``. The token is checked at the HTTP upgrade
+    (``process_request``) and a bad one is refused before any document byte is sent: by default
+    (``refuse_with="close"``) the upgrade completes and the connection is closed at once with
+    the token error's 44xx code and the reason ``"<CODE>: <reason>"`` (what ends a y-websocket
+    client for good); with ``refuse_with="http"`` the upgrade itself is refused with HTTP 401 or
+    403. A token is revoked by its id (``jti``): :meth:`Hub.revoke`, or a line in the revocation
+    file, re-read when it changed (checked every ``HubLimits.revocation_poll``).
+
+    An accepted connection speaks the y-protocols sync protocol (:class:`~sync.ServerSession`);
+    its frames are handled in order, one at a time (so a response to a ``flush`` request
+    acknowledges every update sent before it). Each update is applied and journaled through the
+    run's record as the token's agent (``Record.apply_update(writer=...)``), then broadcast as
+    is to every *other* connection of the run; awareness is relayed to every connection (echoed
+    too, as y-websocket's server does). A read-only connection's writes are answered with
+    permission-denied and never applied. A malformed frame closes that connection only (4400,
+    4413 for a frame over the size limit, 4422 for update bytes the record refuses). Extension
+    requests (type 100) go to the op registry of :mod:`sync._ops`.
 
     Args:
         store_url: the store (``sqlite:///path/store.db``); a store object is opened per

@@ -5,7 +5,7 @@ loading and unloading of runs and of the tenants' stores (:class:`_RunLoader`).
 ``HubLimits.max_document_bytes`` is not loaded (4414), and an update that would take it past
 the limit is refused before it is applied or journaled (4414; an entry given to the journal
 ops is answered with the error ``PAYLOAD_TOO_LARGE`` instead). The size is measured once when
-the run is loaded (one full encoding, 4-11 ms per MB), then kept as a bound by adding the
+the run is loaded (one full encoding, too costly per update), then kept as a bound by adding the
 length of each transaction's update (+64 bytes) and reserving room for updates being
 applied; it is measured again only when that bound would pass the limit.
 """

@@ -7,29 +7,9 @@ is the hub's (the lease table of the store the hub serves).
     state = await leases.request("acme", "me", ("src/a.py",), ttl=30, key=None,
                                  proc=this_proc(), wait=False)
 
-``store.leases`` / ``store.lease(...)`` / ``rec.claim(...)`` work on top of it unchanged: the
-``Lease`` object waits by heartbeats and renews the grant every ``ttl/3``, each a request to
-the hub. What differs from an embedded backend (see :mod:`sync._ops_leases`):
-
-- **the owner is the token's agent.** The ``owner`` arguments are not sent: the hub takes the
-  owner from the connection's token, so ``LeaseState.owner`` and the holders in ``status``
-  name the agent, whatever owner the caller chose;
-- the ``tenant`` argument is sent and checked by the hub: a tenant other than the token's is
-  refused (``FORBIDDEN``);
-- of ``proc`` only the pid is sent (a label in ``status``): the hub attaches the request to
-  the connection, and a remote holder lapses by its TTL only (never "provably dead"), also
-  when its connection closes;
-- a waiter is woken at once by releases made through this backend (``on_change`` fires
-  after them) and by the hub's lease push (``{"push": "leases"}``, sent on every lease change
-  the hub's store sees: other clients' releases, embedded processes' on the same SQLite
-  file, reaps), which the transport passes to :meth:`RemoteLeases.pushed`. A push is a hint:
-  if one is lost, a waiter still re-checks at its heartbeat (``ttl/3``), at the earliest
-  deadline ahead of it (``wake_in``), or after the lease layer's fallback poll (2 s).
-
-``call`` is the transport (bound by the ``ws://`` provider to its connection): it sends the
-request and returns the response's ``result``, or raises the crdtstore error the hub answered
-(:func:`result_or_raise` and :func:`error_from_info` rebuild one from a ``Response``).
-A result that does not have the expected shape raises ``BackendError``.
+A lease backend rather than a lease layer of its own, so that ``store.leases``,
+``store.lease(...)`` and ``rec.claim(...)`` work on a ``ws://`` store unchanged; what differs
+from an embedded backend (owner, tenant, liveness, wake-ups) is in :class:`RemoteLeases`.
 """
 
 from __future__ import annotations
@@ -83,7 +63,32 @@ def _model(model: type[M], op: str, result: Any) -> M:
 
 
 class RemoteLeases(LeaseBackend):
-    """Leases kept by the hub, reached through ``call`` (see the module docstring)."""
+    """Leases kept by the hub, reached through ``call``.
+
+    ``store.leases`` / ``store.lease(...)`` / ``rec.claim(...)`` work on top of it unchanged:
+    the ``Lease`` object waits by heartbeats and renews the grant every ``ttl/3``, each a
+    request to the hub. What differs from an embedded backend (see :mod:`sync._ops_leases`):
+
+    - **the owner is the token's agent.** The ``owner`` arguments are not sent: the hub takes
+      the owner from the connection's token, so ``LeaseState.owner`` and the holders in
+      ``status`` name the agent, whatever owner the caller chose;
+    - the ``tenant`` argument is sent and checked by the hub: a tenant other than the token's is
+      refused (``FORBIDDEN``);
+    - of ``proc`` only the pid is sent (a label in ``status``): the hub attaches the request to
+      the connection, and a remote holder lapses by its TTL only (never "provably dead"), also
+      when its connection closes;
+    - a waiter is woken at once by releases made through this backend (``on_change`` fires after
+      them) and by the hub's lease push (``{"push": "leases"}``, sent on every lease change the
+      hub's store sees: other clients' releases, embedded processes' on the same SQLite file,
+      reaps), which the transport passes to :meth:`RemoteLeases.pushed`. A push is a hint: if
+      one is lost, a waiter still re-checks at its heartbeat (``ttl/3``), at the earliest
+      deadline ahead of it (``wake_in``), or after the lease layer's fallback poll (2 s).
+
+    ``call`` is the transport (bound by the ``ws://`` provider to its connection): it sends the
+    request and returns the response's ``result``, or raises the crdtstore error the hub
+    answered (:func:`result_or_raise` and :func:`error_from_info` rebuild one from a
+    ``Response``). A result that does not have the expected shape raises ``BackendError``.
+    """
 
     name = "ws"
     # Lease.release shields its backend call itself: a request in flight cannot be taken back

@@ -2,43 +2,14 @@
 reconnects, answering requests, keeping pushed journal entries, and the state-vector
 exchange after every connect.
 
-**Pushed entries.** A head push usually carries the new journal entries themselves (see
-``sync._ops_journal``). The connection keeps them (the newest ``_KEEP_ROWS``) and answers the
-record's next ``journal.read`` from them, without a round trip, when they hold every position
-from the one asked for up to the newest position the connection knows the journal holds
-(from pushes and from answers: its own appends included); anything else (a hole, a position
-at or past that one, a new connection: the kept entries are dropped on every connect) is
-asked of the hub. So a read answered from them is what the hub answered, or would have,
-when its head was that position: no entry is skipped or given twice, whatever the order of
-pushes, answers and reconnects.
-
-**Offline.** When the connection drops, it is re-opened with exponential backoff (up to
-``max_backoff`` seconds). Meanwhile writes go on locally and stay pending in the record's
-committer, whose appends wait for the connection (up to ``offline_timeout`` seconds, then
-fail with ``BackendError`` and are retried). After a reconnect the record re-reads the journal
-after the last position it applied, and each record attached to the store
-(:meth:`WsJournal.attach`, which ``Record`` calls once it has loaded) first compares itself
-with the hub (``journal.state``, one request, before any other of the connection): the
-hub's journal head, its state vector and the checksum of its entry at the record's
-position. Usually they agree and nothing more is sent. When the hub lost entries the record
-had taken in (the hub's store restored from a backup, or its last ``synchronous=NORMAL``
-commits lost: the head is below the record's position, the entry there is another one, or
-the hub's state vector lacks what the record holds besides its pending writes), the record
-sends what the hub lacks (``doc.get_update(hub_state_vector)``, every delete with it) as
-an ordinary append, journaled as the token's writes (also another writer's lost entries
-the record had seen: the hub believes only the token; a read-only token sends nothing),
-and moves its journal position back to the last entry it read that the hub still holds
-(the link keeps the checksums of the latest ``_MARKS`` positions), so that it reads the
-positions the hub reused instead of skipping them; knowing none, it takes in what the hub
-holds that it lacks (no provenance for that content in this record) and reads on from the
-hub record's position. A delete that was the only content lost is sent again only when
-something else tells the loss (a state vector does not hold deletes). An
-append whose answer was lost is sent again; the hub does not journal it twice. Reads and
-idempotent requests (opening a record: ``run.ensure``, ``whoami``, the first reads) are sent
-again the same way; other requests (a guarded write, a lease request or release) whose answer
-was lost fail with ``BackendError`` (they may or may not have been done). A connection that
-gives no answer within a request's timeout (a silent network, a stalled hub) counts as lost:
-it is closed and re-opened.
+Why it is shaped so: the record above it must see one journal whatever the network does.
+Pushed entries spare a round trip per update, but a read is answered from them only when
+they hold every position asked for, so no entry is skipped or given twice. After every
+reconnect the record first compares itself with the hub (``journal.state``), because the
+hub may have lost entries the record took in (a restored backup, lost ``synchronous=NORMAL``
+commits); what the hub lacks is sent back as the token's writes. Requests whose answer was
+lost are sent again only when that is safe (reads, idempotent requests, appends the hub
+de-duplicates); the rules are in :class:`_Link`'s docstring.
 """
 
 from __future__ import annotations
@@ -106,7 +77,45 @@ class _Waiter:
 
 
 class _Link:
-    """The connection of one run: kept open (reconnecting with backoff) until closed."""
+    """The connection of one run: kept open (reconnecting with backoff) until closed.
+
+    **Pushed entries.** A head push usually carries the new journal entries themselves (see
+    ``sync._ops_journal``). The connection keeps them (the newest ``_KEEP_ROWS``) and answers
+    the record's next ``journal.read`` from them, without a round trip, when they hold every
+    position from the one asked for up to the newest position the connection knows the journal
+    holds (from pushes and from answers: its own appends included); anything else (a hole, a
+    position at or past that one, a new connection: the kept entries are dropped on every
+    connect) is asked of the hub. So a read answered from them is what the hub answered, or
+    would have, when its head was that position: no entry is skipped or given twice, whatever
+    the order of pushes, answers and reconnects.
+
+    **Offline.** When the connection drops, it is re-opened with exponential backoff (up to
+    ``max_backoff`` seconds). Meanwhile writes go on locally and stay pending in the record's
+    committer, whose appends wait for the connection (up to ``offline_timeout`` seconds, then
+    fail with ``BackendError`` and are retried). After a reconnect the record re-reads the
+    journal after the last position it applied, and each record attached to the store
+    (:meth:`WsJournal.attach`, which ``Record`` calls once it has loaded) first compares itself
+    with the hub (``journal.state``, one request, before any other of the connection): the hub's
+    journal head, its state vector and the checksum of its entry at the record's position.
+    Usually they agree and nothing more is sent. When the hub lost entries the record had taken
+    in (the hub's store restored from a backup, or its last ``synchronous=NORMAL`` commits lost:
+    the head is below the record's position, the entry there is another one, or the hub's state
+    vector lacks what the record holds besides its pending writes), the record sends what the
+    hub lacks (``doc.get_update(hub_state_vector)``, every delete with it) as an ordinary
+    append, journaled as the token's writes (also another writer's lost entries the record had
+    seen: the hub believes only the token; a read-only token sends nothing), and moves its
+    journal position back to the last entry it read that the hub still holds (the link keeps the
+    checksums of the latest ``_MARKS`` positions), so that it reads the positions the hub reused
+    instead of skipping them; knowing none, it takes in what the hub holds that it lacks (no
+    provenance for that content in this record) and reads on from the hub record's position. A
+    delete that was the only content lost is sent again only when something else tells the loss
+    (a state vector does not hold deletes). An append whose answer was lost is sent again; the
+    hub does not journal it twice. Reads and idempotent requests (opening a record:
+    ``run.ensure``, ``whoami``, the first reads) are sent again the same way; other requests (a
+    guarded write, a lease request or release) whose answer was lost fail with ``BackendError``
+    (they may or may not have been done). A connection that gives no answer within a request's
+    timeout (a silent network, a stalled hub) counts as lost: it is closed and re-opened.
+    """
 
     def __init__(self, journal: WsJournal, run: str, *, create: bool = True) -> None:
         self.journal = journal

@@ -1,39 +1,22 @@
 """The y-protocols messages, one per binary WebSocket frame, and crdtstore's extension. No I/O.
 
-Wire format (``•`` concatenates; the primitives are lib0's, :mod:`crdtstore.codec`)::
-
-    syncStep1(sv)          = varUint(0) • varUint(0) • varUint8Array(state vector)
-    syncStep2(update)      = varUint(0) • varUint(1) • varUint8Array(update)
-    update(update)         = varUint(0) • varUint(2) • varUint8Array(update)
-    awareness(payload)     = varUint(1) • varUint8Array(awareness update)
-    permissionDenied(why)  = varUint(2) • varUint(0) • varString(why)
-    queryAwareness         = varUint(3)
-    request(json)          = varUint(100) • varUint(0) • varString(JSON of Request)
-    response(json)         = varUint(100) • varUint(1) • varString(JSON of Response)
-    push(json)             = varUint(100) • varUint(2) • varString(JSON of Push)
-
-An awareness update is ``varUint(n) • n * (varUint(client) • varUint(clock) •
-varString(JSON state))``; a removed client's state is ``null``.
+The wire format, frame by frame, is drawn next to :class:`MessageType`; the primitives are
+lib0's (:mod:`crdtstore.codec`).
 
 Type 100 is crdtstore's extension: requests the CRDT cannot answer (guarded writes, leases,
 claims, run metadata, "has the hub journaled everything I sent"), each answered by exactly
 one response with the same ``id``, carrying a result or an error with crdtstore's stable error
-codes. y-websocket has handlers for types 0-3 only; it would log "Unable to compute message"
-for a type 100 frame, so the hub sends type 100 only in answer to a type 100 request, and a
-Yjs client that never asks never sees one. The hub processes a connection's frames in order,
-so a response also acknowledges every update that the client sent before the request.
-
-A :class:`Push` is the hub telling a crdtstore client (a connection that chose the
-``crdtstore`` subprotocol, never a plain Yjs client) something unasked: ``{"push": "head",
-"seq": N}`` when the run's journal head moved to ``N``.
+codes. y-websocket has handlers for types 0-3 only, so the hub sends type 100 only in answer
+to a type 100 request (or, as a :class:`Push`, to a connection that chose the ``crdtstore``
+subprotocol): a Yjs client that never asks never sees one. The hub processes a connection's
+frames in order, so a response also acknowledges every update the client sent before it.
 
 Decoding is strict: one message per frame, no trailing bytes, known types only, JSON payloads
 validated by the pydantic models below. Every failure is a :class:`~sync.ProtocolError` (the
 codec's :class:`~crdtstore.codec.CodecError` is translated here, at the protocol boundary).
-``decode(encode(m)) == m`` for every message ``m``.
-
-The binary messages are frozen dataclasses rather than pydantic models: they sit on the hot
-path of every update and hold only bytes or a string, which ``encode`` checks.
+``decode(encode(m)) == m`` for every message ``m``. The binary messages are frozen
+dataclasses rather than pydantic models: they sit on the hot path of every update and hold
+only bytes or a string, which ``encode`` checks.
 """
 
 from __future__ import annotations
@@ -89,6 +72,20 @@ DEFAULT_MAX_MESSAGE_SIZE: Final = 16 * 1024 * 1024
 EXTENSION_MESSAGE_TYPE: Final = 100
 
 
+# The wire format (``•`` concatenates; the primitives are lib0's, :mod:`crdtstore.codec`)::
+#
+#     syncStep1(sv)          = varUint(0) • varUint(0) • varUint8Array(state vector)
+#     syncStep2(update)      = varUint(0) • varUint(1) • varUint8Array(update)
+#     update(update)         = varUint(0) • varUint(2) • varUint8Array(update)
+#     awareness(payload)     = varUint(1) • varUint8Array(awareness update)
+#     permissionDenied(why)  = varUint(2) • varUint(0) • varString(why)
+#     queryAwareness         = varUint(3)
+#     request(json)          = varUint(100) • varUint(0) • varString(JSON of Request)
+#     response(json)         = varUint(100) • varUint(1) • varString(JSON of Response)
+#     push(json)             = varUint(100) • varUint(2) • varString(JSON of Push)
+#
+# An awareness update is ``varUint(n) • n * (varUint(client) • varUint(clock) •
+# varString(JSON state))``; a removed client's state is ``null``.
 class MessageType(IntEnum):
     """The first varUint of a frame."""
 

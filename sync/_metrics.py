@@ -4,23 +4,15 @@ format and ``/-/health``, for an operator.
 Every hub has its own :class:`HubMetrics` (``hub.metrics``) with its own
 ``prometheus_client.CollectorRegistry`` (never the process-wide one: several hubs may run in
 one process). The counters on the hub's hot paths (one per update, per delivery) are plain
-integers, read by a collector when the registry is scraped; the gauges (connections, runs,
-tenants, queued frames) are read from the hub at scrape time; the journal commit latency is a
-``prometheus_client.Histogram``. The instrumented modules call this one with one line each.
+integers, read by a collector when the registry is scraped, so counting costs an addition;
+the gauges (connections, runs, tenants, queued frames) are read from the hub at scrape time;
+the journal commit latency is a ``prometheus_client.Histogram``. The instrumented modules
+call this one with one line each.
 
-**Access.** Both endpoints are for an operator only. Either the hub is given an operator
-token (``Hub(..., operator_token=...)``, ``crdtstore serve --operator-token-file``: a secret
-string of at least 16 characters, not a signed agent token): then ``/-/metrics`` and
-``/-/health`` on the hub's own port answer a request that carries it as
-``Authorization: Bearer <token>`` or as the ``token`` query parameter, and refuse any other
-with HTTP 401 (nothing is served without one configured: 404). Or they are served on a
-separate address (:func:`serve_operator`, ``crdtstore serve --metrics-address host:port``),
-without a token: whoever can reach that address (a loopback or a private interface) is the
-operator.
-
-**Health.** ``/-/health`` answers 200 ``ok`` only when the store answers: a cheap backend call
-(``get_run`` of a run that need not exist) on an open store of the hub, or on one opened for
-the check when none is open, within ``health_timeout`` seconds; else 503 with the reason.
+Both endpoints are for an operator only: on the hub's port with an operator token
+(:func:`operator_routes`), or without one on a separate address (:func:`serve_operator`).
+``/-/health`` answers 200 ``ok`` only when the store answers a cheap backend call within
+``health_timeout`` seconds, else 503 with the reason.
 """
 
 from __future__ import annotations
@@ -383,7 +375,17 @@ def operator_routes(
     token: str,
 ) -> dict[str, Callable[[Hub, ServerConnection, HttpRequest], Awaitable[HttpResponse]]]:
     """``Hub.http_routes`` entries serving ``/-/metrics`` and ``/-/health`` to requests that
-    carry the operator ``token`` (bearer or ``?token=``); others get HTTP 401."""
+    carry the operator ``token`` (bearer or ``?token=``); others get HTTP 401.
+
+    **Access.** Both endpoints are for an operator only. Either the hub is given an operator
+    token (``Hub(..., operator_token=...)``, ``crdtstore serve --operator-token-file``: a secret
+    string of at least 16 characters, not a signed agent token): then ``/-/metrics`` and
+    ``/-/health`` on the hub's own port answer a request that carries it as ``Authorization:
+    Bearer <token>`` or as the ``token`` query parameter, and refuse any other with HTTP 401
+    (nothing is served without one configured: 404). Or they are served on a separate address
+    (:func:`serve_operator`, ``crdtstore serve --metrics-address host:port``), without a token:
+    whoever can reach that address (a loopback or a private interface) is the operator.
+    """
     expected = check_operator_token(token).encode()
 
     def guarded(

@@ -7,89 +7,11 @@ the hub's journal positions, so versions agree everywhere, and it writes through
 the tenant's leases change (:func:`push_leases`, which wakes remote lease waiters), and
 sends it no Yjs updates (their content may not be journaled yet).
 
-**Head pushes carry the new entries.** Per run, not per connection: one task per loaded run
-(handed over between its connections' :func:`push_heads` tasks) waits for the journal to
-grow, reads the new entries once from the hub's store and sends every crdtstore connection
-of the run the same frame ``{"push": "head", "seq": N, "rows": [row, ...]}``: the entries
-after the position pushed before, up to ``N``, each exactly as ``journal.read`` answers it.
-The client keeps them and answers its record's next ``journal.read`` from them when they
-continue where it reads from (one round trip less per update, see ``sync._client``). A
-larger jump (over ``MAX_PUSH_ROWS`` entries or ``MAX_PUSH_BYTES`` of updates) sends the head
-only, and the clients read. A lost wake-up is caught by the store's poll (one
-``data_version`` check per store every ``poll_interval``, see ``crdtstore._notify``), not by a
-timer per run.
-
-Every op acts on the connection's run only. Bytes travel base64 (standard alphabet) in the
-JSON. Params and results::
-
-    run.ensure       {create: bool}                      -> run       (UNKNOWN_RUN)
-    run.info         {}                                  -> run | null
-    journal.head     {}                                  -> int
-    journal.state    {state?: str, at?: int, marks?: [[seq, checksum], ...]}
-                     -> {head, applied, state, missing?, at_checksum?, match?}
-    journal.read     {after: int, limit?: int, skip_client?: int} -> {rows: [row, ...], more: bool}
-    journal.history  {collection: str, key: str}         -> [row, ...]
-    journal.snapshot {}                                  -> {seq, update, state, created} | null
-    config.get       {}                                  -> config
-    config.put       {expected: config, new: config}     -> config    (write; STALE_VERSION)
-    journal.append   {entries: [{update, client_id, call?}, ...], durable?: bool}
-                                                         -> [seq, ...]      (write)
-    journal.append_guarded {entry: {update, client_id, call?},
-                            expected?: [collection, key, version],
-                            based_on?: [scope, seq],
-                            fence?: [lease_id, token, resource]} -> seq        (write)
-
-    run = {tenant, run, created, head, snapshot_seq, parent, state, delete_after}
-    row = [seq, agent, source, client_id, wall_time, update, effect, checksum, origin, call?]
-
-``call`` (an entry's, and a row's tenth item, present only when the entry has one: rows
-without one stay as clients before it read them) is the tool-call id the writer made the
-entry for (``Record.attributed``): a string of at most 256 characters without NUL, else the
-request is refused with ``INVALID_VALUE`` and nothing of it is journaled.
-
-**Appends are untrusted.** The hub applies each entry's update to the run's record itself, as
-the token's agent and source, derives the effect, enforces the run's policies and budgets
-and journals it (``Record.append_updates``); the client's say-so about who wrote it, when,
-or what it did is never taken. An unguarded ``journal.append`` (``durable`` false, or a
-durable hub record) is a local write of the hub's record (``Record._append_fast``: applied at
-once, checked against the record's current state, journaled by its group commit with the
-other updates of that loop iteration, answered once committed); a guarded one, and one the
-fast path cannot take, runs in an authority transaction (catch-up read first).
-
-``client_id`` is a label only: it lets the writer skip its own entries when it tails the
-journal (a client lying about it can only hide entries from the client it names, which Yjs's
-unauthenticated client ids allow anyway). ``call`` is a label too, journaled as given: the
-agent and source stay the token's whatever the client's record was told
-(``rec.attributed(source=...)`` is not applied on a ``ws://`` store). An append whose answer
-was lost may be sent again: bytes the record already holds, journaled recently by the same
-client id, are not journaled twice (the position of the entry holding them is answered).
-
-**The state-vector exchange** (``journal.state``, asked by a ``ws://`` client on every
-(re)connect, see ``sync._client``): ``head`` is the journal head, ``applied`` the position up
-to which the hub's record holds every entry (its document may hold more: updates applied
-and not yet journaled), ``state`` that document's state vector. Optional, each answered
-only when asked: ``at`` (a journal position) -> ``at_checksum``, the checksum of the entry
-there (null: none); ``state`` (the client's state vector) -> ``missing``, what the document
-holds that the client lacks (``doc.get_update(state)``); ``marks`` (at most ``MAX_MARKS``
-pairs of a position and the checksum of the entry the client read there) -> ``match``, the
-highest of those positions whose entry has that checksum (-1: none). A client whose journal
-position is past ``head``, or whose entry there differs, or whose document holds what
-``state`` lacks, took in entries that the hub lost (its store was restored from a backup,
-or lost its last commits): it sends what ``state`` lacks as an ordinary ``journal.append``
-and reads the journal again after ``match`` (or takes ``missing`` in and reads after
-``applied``).
-
-**A fence must be the writer's own lease.** ``fence`` names a lease granted to the token's
-agent; a lease of another agent (lease ids are visible in ``lease.status``, tokens are small
-ints) is refused with the ``LeaseLost`` an unknown lease gets, and nothing is journaled.
-
-``config.put`` may only add collection declarations (the first declaration of a name wins):
-every other key, and every existing declaration, must stay as it is; anything else is
-refused with ``POLICY_VIOLATION`` (a client must not lift the run's policies).
-
-``journal.append``'s ``durable`` (default true) is the client record's durability: false
-commits without waiting for the disk (SQLite ``synchronous=NORMAL``), as an embedded
-``batched`` record's group commit does; a guarded append is always durable.
+Why it is shaped so: the client is not trusted. The hub applies each entry to the run's record
+itself, as the token's agent and source, derives its effect and enforces the run's policies;
+what the client says about who wrote it, when, or what it did is never taken. Every op acts on
+the connection's run only. The ops, their params and results, are drawn in the comment above
+the first op below; the (re)connect check in :func:`_state`.
 """
 
 from __future__ import annotations
@@ -168,6 +90,63 @@ def _run_json(row: RunRow | None) -> JsonValue:
     return None if row is None else dict(row._asdict())
 
 
+# Every op acts on the connection's run only. Bytes travel base64 (standard alphabet) in the
+# JSON. Params and results::
+#
+#     run.ensure       {create: bool}                      -> run       (UNKNOWN_RUN)
+#     run.info         {}                                  -> run | null
+#     journal.head     {}                                  -> int
+#     journal.state    {state?: str, at?: int, marks?: [[seq, checksum], ...]}
+#                      -> {head, applied, state, missing?, at_checksum?, match?}
+#     journal.read     {after: int, limit?: int, skip_client?: int}
+#                      -> {rows: [row, ...], more: bool}
+#     journal.history  {collection: str, key: str}         -> [row, ...]
+#     journal.snapshot {}                                  -> {seq, update, state, created} | null
+#     config.get       {}                                  -> config
+#     config.put       {expected: config, new: config}     -> config    (write; STALE_VERSION)
+#     journal.append   {entries: [{update, client_id, call?}, ...], durable?: bool}
+#                                                          -> [seq, ...]      (write)
+#     journal.append_guarded {entry: {update, client_id, call?},
+#                             expected?: [collection, key, version],
+#                             based_on?: [scope, seq],
+#                             fence?: [lease_id, token, resource]} -> seq        (write)
+#
+#     run = {tenant, run, created, head, snapshot_seq, parent, state, delete_after}
+#     row = [seq, agent, source, client_id, wall_time, update, effect, checksum, origin, call?]
+#
+# ``call`` (an entry's, and a row's tenth item, present only when the entry has one: rows
+# without one stay as clients before it read them) is the tool-call id the writer made the
+# entry for (``Record.attributed``): a string of at most 256 characters without NUL, else the
+# request is refused with ``INVALID_VALUE`` and nothing of it is journaled.
+#
+# **Appends are untrusted.** The hub applies each entry's update to the run's record itself, as
+# the token's agent and source, derives the effect, enforces the run's policies and budgets
+# and journals it (``Record.append_updates``); the client's say-so about who wrote it, when,
+# or what it did is never taken. An unguarded ``journal.append`` (``durable`` false, or a
+# durable hub record) is a local write of the hub's record (``Record._append_fast``: applied at
+# once, checked against the record's current state, journaled by its group commit with the
+# other updates of that loop iteration, answered once committed); a guarded one, and one the
+# fast path cannot take, runs in an authority transaction (catch-up read first).
+#
+# ``client_id`` is a label only: it lets the writer skip its own entries when it tails the
+# journal (a client lying about it can only hide entries from the client it names, which Yjs's
+# unauthenticated client ids allow anyway). ``call`` is a label too, journaled as given: the
+# agent and source stay the token's whatever the client's record was told
+# (``rec.attributed(source=...)`` is not applied on a ``ws://`` store). An append whose answer
+# was lost may be sent again: bytes the record already holds, journaled recently by the same
+# client id, are not journaled twice (the position of the entry holding them is answered).
+#
+# **A fence must be the writer's own lease.** ``fence`` names a lease granted to the token's
+# agent; a lease of another agent (lease ids are visible in ``lease.status``, tokens are small
+# ints) is refused with the ``LeaseLost`` an unknown lease gets, and nothing is journaled.
+#
+# ``config.put`` may only add collection declarations (the first declaration of a name wins):
+# every other key, and every existing declaration, must stay as it is; anything else is
+# refused with ``POLICY_VIOLATION`` (a client must not lift the run's policies).
+#
+# ``journal.append``'s ``durable`` (default true) is the client record's durability: false
+# commits without waiting for the disk (SQLite ``synchronous=NORMAL``), as an embedded
+# ``batched`` record's group commit does; a guarded append is always durable.
 @op("run.ensure")
 async def _run_ensure(ctx: OpContext, params: dict[str, JsonValue]) -> JsonValue:
     create = params.get("create", False) is True and not ctx.claims.read_only
@@ -187,6 +166,22 @@ async def _head(ctx: OpContext, params: dict[str, JsonValue]) -> JsonValue:
 
 @op("journal.state")
 async def _state(ctx: OpContext, params: dict[str, JsonValue]) -> JsonValue:
+    """``journal.state``: the state-vector exchange.
+
+    Asked by a ``ws://`` client on every (re)connect (see ``sync._client``): ``head`` is the
+    journal head, ``applied`` the position up to which the hub's record holds every entry (its
+    document may hold more: updates applied and not yet journaled), ``state`` that document's
+    state vector. Optional, each answered only when asked: ``at`` (a journal position) ->
+    ``at_checksum``, the checksum of the entry there (null: none); ``state`` (the client's state
+    vector) -> ``missing``, what the document holds that the client lacks
+    (``doc.get_update(state)``); ``marks`` (at most ``MAX_MARKS`` pairs of a position and the
+    checksum of the entry the client read there) -> ``match``, the highest of those positions
+    whose entry has that checksum (-1: none). A client whose journal position is past ``head``,
+    or whose entry there differs, or whose document holds what ``state`` lacks, took in entries
+    that the hub lost (its store was restored from a backup, or lost its last commits): it sends
+    what ``state`` lacks as an ordinary ``journal.append`` and reads the journal again after
+    ``match`` (or takes ``missing`` in and reads after ``applied``).
+    """
     client = params.get("state")
     sv = None
     if client is not None:
@@ -458,7 +453,20 @@ async def push_heads(conn: _Conn) -> None:
     """Keep ``conn`` (a crdtstore client) told of its run's journal, until cancelled.
 
     Per run, not per connection: the first connection's task leads (see :class:`_RunPushes`
-    and :func:`_lead`), the others only wait to take over if it leaves."""
+    and :func:`_lead`), the others only wait to take over if it leaves.
+
+    **Head pushes carry the new entries.** Per run, not per connection: one task per loaded run
+    (handed over between its connections' :func:`push_heads` tasks) waits for the journal to
+    grow, reads the new entries once from the hub's store and sends every crdtstore connection
+    of the run the same frame ``{"push": "head", "seq": N, "rows": [row, ...]}``: the entries
+    after the position pushed before, up to ``N``, each exactly as ``journal.read`` answers it.
+    The client keeps them and answers its record's next ``journal.read`` from them when they
+    continue where it reads from (one round trip less per update, see ``sync._client``). A
+    larger jump (over ``MAX_PUSH_ROWS`` entries or ``MAX_PUSH_BYTES`` of updates) sends the head
+    only, and the clients read. A lost wake-up is caught by the store's poll (one
+    ``data_version`` check per store every ``poll_interval``, see ``crdtstore._notify``), not by
+    a timer per run.
+    """
     room = conn.room
     state = _PUSHES.get(room)
     if state is None:

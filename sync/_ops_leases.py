@@ -14,40 +14,8 @@ token**:
   ``lease.reap`` (which only applies the TTL rules the next transition would apply anyway)
   are open to read-only tokens.
 
-**Liveness of a remote holder is its heartbeats, not its connection.** A local holder is
-attached to its process (``Proc``): a holder that provably died is reaped at once. A remote
-client's process cannot be probed from here, so a request made through the hub is attached to
-the *connection*: ``Proc(host="ws:<peer address>:<port>", boot=<hub boot>, pid=<the pid the
-client reports, a label for status displays>, start=0)``. That host never names a real host,
-so no probe ever finds it provably dead: such a request is reaped only by its TTL. When a
-connection closes, its leases are neither released nor cancelled: they stop being renewed
-and lapse one TTL after the last heartbeat. Releasing them on close would be faster for a
-client that crashed, but the hub cannot tell a crash from a network cut, and the client
-provider reconnects with backoff: a holder that comes back within its TTL re-attaches its
-grant with the next heartbeat (through the new connection) and keeps its fencing token and
-its work, and a waiter keeps its place in the queue. A crashed remote client then holds its
-resources for at most one TTL, exactly like an embedded holder on another host. Fenced writes
-are checked against the lease table at write time, so a lapsed lease can never be written
-under.
-
-Ops, params and results (``LeaseState`` and ``LeaseStatus`` are crdtstore's models, as JSON;
-``watch_pids`` is always empty: pids of the hub's host mean nothing to a client)::
-
-    lease.request   {resources: [str], ttl?: number = 30, key?: [step, attempt] | null,
-                     wait?: bool = true, tenant?: str, pid?: int}          -> LeaseState
-    lease.heartbeat {lease_id: str, tenant?: str, pid?: int}                -> LeaseState
-    lease.release   {lease_id: str, token: int | null, tenant?: str}        -> null
-    lease.cancel    {lease_id: str, tenant?: str}                           -> {"removed": bool}
-    lease.status    {tenant?: str}                                          -> LeaseStatus
-    lease.check     {lease_id: str, resource: str, token: int, tenant?: str} -> null
-    lease.reap      {}                                                      -> {"reaped": int}
-
-Errors are the lease layer's own, with their codes and fields (``LEASE_HELD`` with
-``resource``, ``holder``, ``token``; ``LEASE_LOST``; ``LEASE_NOT_FOUND``; ``INVALID_RESOURCE``;
-``INVALID_VALUE`` for a bad TTL or key, and for params that do not validate: unknown keys,
-wrong types); a refused call changes nothing. ``lease.request`` does not wait: with ``wait``
-it queues the request and answers its state (``waiting_on_lock``); the client waits by
-heartbeats (see :class:`sync._lease_rpc.RemoteLeases`).
+A remote holder's liveness is its heartbeats, not its connection (why: :func:`connection_proc`).
+The ops, their params, results and errors are drawn next to :data:`LEASE_OPS`.
 """
 
 from __future__ import annotations
@@ -88,6 +56,24 @@ __all__ = [
     "lease_state_json",
 ]
 
+# Ops, params and results (``LeaseState`` and ``LeaseStatus`` are crdtstore's models, as JSON;
+# ``watch_pids`` is always empty: pids of the hub's host mean nothing to a client)::
+#
+#     lease.request   {resources: [str], ttl?: number = 30, key?: [step, attempt] | null,
+#                      wait?: bool = true, tenant?: str, pid?: int}          -> LeaseState
+#     lease.heartbeat {lease_id: str, tenant?: str, pid?: int}                -> LeaseState
+#     lease.release   {lease_id: str, token: int | null, tenant?: str}        -> null
+#     lease.cancel    {lease_id: str, tenant?: str}                           -> {"removed": bool}
+#     lease.status    {tenant?: str}                                          -> LeaseStatus
+#     lease.check     {lease_id: str, resource: str, token: int, tenant?: str} -> null
+#     lease.reap      {}                                                      -> {"reaped": int}
+#
+# Errors are the lease layer's own, with their codes and fields (``LEASE_HELD`` with
+# ``resource``, ``holder``, ``token``; ``LEASE_LOST``; ``LEASE_NOT_FOUND``; ``INVALID_RESOURCE``;
+# ``INVALID_VALUE`` for a bad TTL or key, and for params that do not validate: unknown keys,
+# wrong types); a refused call changes nothing. ``lease.request`` does not wait: with ``wait``
+# it queues the request and answers its state (``waiting_on_lock``); the client waits by
+# heartbeats (see :class:`sync._lease_rpc.RemoteLeases`).
 LEASE_OPS: Final = (
     "lease.request",
     "lease.heartbeat",
@@ -203,8 +189,25 @@ _PEERS: weakref.WeakKeyDictionary[object, str] = weakref.WeakKeyDictionary()
 
 def connection_proc(ctx: OpContext, pid: int | None) -> Proc:
     """The ``Proc`` a request made through ``ctx``'s connection is attached to: the peer's
-    address as a host no probe can find dead (see the module docstring), the hub's boot, and
-    the client's ``pid`` as a label."""
+    address as a host no probe can find dead, the hub's boot, and the client's ``pid`` as a
+    label.
+
+    **Liveness of a remote holder is its heartbeats, not its connection.** A local holder is
+    attached to its process (``Proc``): a holder that provably died is reaped at once. A remote
+    client's process cannot be probed from here, so a request made through the hub is attached
+    to the *connection*: ``Proc(host="ws:<peer address>:<port>", boot=<hub boot>, pid=<the pid
+    the client reports, a label for status displays>, start=0)``. That host never names a real
+    host, so no probe ever finds it provably dead: such a request is reaped only by its TTL.
+    When a connection closes, its leases are neither released nor cancelled: they stop being
+    renewed and lapse one TTL after the last heartbeat. Releasing them on close would be faster
+    for a client that crashed, but the hub cannot tell a crash from a network cut, and the
+    client provider reconnects with backoff: a holder that comes back within its TTL re-attaches
+    its grant with the next heartbeat (through the new connection) and keeps its fencing token
+    and its work, and a waiter keeps its place in the queue. A crashed remote client then holds
+    its resources for at most one TTL, exactly like an embedded holder on another host. Fenced
+    writes are checked against the lease table at write time, so a lapsed lease can never be
+    written under.
+    """
     host = _PEERS.get(ctx.conn)
     if host is None:
         address: Any = getattr(getattr(ctx.conn, "ws", None), "remote_address", None)

@@ -1,23 +1,8 @@
 """Sync sessions: the two ends of one connection as state machines with no I/O.
 
 A driver (the hub's connection loop, the client provider) moves bytes; a session says what
-they mean::
-
-    session = ServerSession(document, read_only=token.ro)
-    for frame in session.start():            # the hub's sync step 1
-        await ws.send(frame)
-    async for frame in ws:
-        try:
-            received = session.receive(frame)
-        except ProtocolError as exc:
-            await ws.close(exc.close_code, exc.reason)
-            break
-        for reply in received.reply_frames():
-            await ws.send(reply)
-        if received.applied is not None:
-            ...  # journal it, broadcast encode(Update(received.applied)) to the others
-        if isinstance(received.message, Request):
-            ...  # perform it, then await ws.send(session.respond(response))
+they mean (a driver loop: :class:`ServerSession`). Without I/O, the protocol's rules are
+tested by hypothesis without a server, and the hub and the client share them.
 
 ``receive`` either succeeds, or raises :class:`~sync.ProtocolError` having changed nothing:
 neither the session nor the document. Messages are checked fully before the document is
@@ -155,6 +140,24 @@ class _Session:
 
 class ServerSession(_Session):
     """The hub's end of one connection.
+
+    A driver moves the bytes; the session says what they mean::
+
+        session = ServerSession(document, read_only=token.ro)
+        for frame in session.start():            # the hub's sync step 1
+            await ws.send(frame)
+        async for frame in ws:
+            try:
+                received = session.receive(frame)
+            except ProtocolError as exc:
+                await ws.close(exc.close_code, exc.reason)
+                break
+            for reply in received.reply_frames():
+                await ws.send(reply)
+            if received.applied is not None:
+                ...  # journal it, broadcast encode(Update(received.applied)) to the others
+            if isinstance(received.message, Request):
+                ...  # perform it, then await ws.send(session.respond(response))
 
     Args:
         document: the run's document.

@@ -3,34 +3,20 @@
 A token is ``base64url(JSON claims) "." base64url(HMAC-SHA256(secret, first part))``, without
 padding; every character is URL-safe and an HTTP token character, so it travels as the
 ``token`` query parameter (what y-websocket's ``params`` option sends) or inside a
-WebSocket subprotocol (``crdtstore.token.<token>``).
+WebSocket subprotocol (``crdtstore.token.<token>``). The claims (:class:`TokenClaims`) say
+who the agent is and what it may touch; the hub takes the agent identity of every write
+from the token, never from the client.
 
-The claims say who the agent is and what it may touch::
-
-    TokenClaims(tenant="acme", run="r1", agent="planner", mode="rw", exp=1767225600,
-                jti="5kqB0eYc3hV1yXw8ZsGq9A")
-
-``run`` is a run name, or a prefix ending with ``*`` (``"nightly-*"``; ``"*"`` is every run of
-the tenant). The hub takes the agent identity of every write from the token, never from
-the client. ``jti`` is the token's unique id (:func:`new_jti`; ``crdtstore token`` always sets
-one): the handle to revoke it by. Tokens minted without one still verify, but can only be
-stopped by their expiry or by changing the secret.
+``jti`` is the token's unique id (:func:`new_jti`; ``crdtstore token`` always sets one): the
+handle to revoke it by. Tokens minted without one still verify, but can only be stopped by
+their expiry or by changing the secret.
 
 **Revocation list.** A plain text file, one revoked ``jti`` per line (anything after the first
 whitespace, and lines starting with ``#``, are comments): :func:`append_revoked` adds one
 (``crdtstore token revoke``), :func:`read_revoked` reads them; the hub re-reads the file when
 it changes (see :mod:`sync._hub`). For a ``sqlite:///path/store.db`` store its default place
 is next to the database, ``path/store.db.revoked`` (:func:`default_revoked_file`).
-
-Errors (under crdtstore's tree, stable codes)::
-
-    CrdtStoreError
-    └── TokenError (PermissionError)
-        ├── TokenInvalid                    TOKEN_INVALID    (HTTP 401, close 4401)
-        │   └── TokenExpired                TOKEN_EXPIRED    (HTTP 401, close 4401)
-        ├── Forbidden                       FORBIDDEN        (HTTP 403, close 4403)
-        └── TokenRevoked                    TOKEN_REVOKED    (HTTP 403, close 4403)
-    SecretMissing (ValueError)              SECRET_MISSING
+The errors, with their codes and how the hub refuses each: :class:`TokenError`.
 """
 
 from __future__ import annotations
@@ -91,7 +77,18 @@ _JTI_RE: Final = re.compile(_JTI_PATTERN)
 
 class TokenError(CrdtStoreError, PermissionError):
     """A token does not grant the connection. ``http_status`` and ``close_code`` say how the
-    hub refuses it (at the HTTP upgrade, or on an open connection)."""
+    hub refuses it (at the HTTP upgrade, or on an open connection).
+
+    Errors (under crdtstore's tree, stable codes)::
+
+        CrdtStoreError
+        └── TokenError (PermissionError)
+            ├── TokenInvalid                    TOKEN_INVALID    (HTTP 401, close 4401)
+            │   └── TokenExpired                TOKEN_EXPIRED    (HTTP 401, close 4401)
+            ├── Forbidden                       FORBIDDEN        (HTTP 403, close 4403)
+            └── TokenRevoked                    TOKEN_REVOKED    (HTTP 403, close 4403)
+        SecretMissing (ValueError)              SECRET_MISSING
+    """
 
     code = "TOKEN_ERROR"
     http_status = 401

@@ -9,21 +9,13 @@
 The page (``sync/viewer_static/``: one HTML file, one CSS file, one JavaScript bundle built
 from ``viewer/`` by esbuild and committed, so no Node.js is needed at run time) joins the run
 over the hub's own protocol with the token: a y-websocket provider for the record, and a
-``crdtstore`` connection for the journal (entries pushed as they are written, read back for
-the scrubber), leases and :func:`view.connections <_connections>`. Those connections carry the
-same token checks as any client's. The token travels in the address's fragment, which never
-reaches the server; the page takes only read-only tokens (a read-write one is refused
-unused), and builds every value into the page as text.
-
-The HTML is the same for every run: what a page shows comes only over the token-checked
-connections. The one data answer given over plain HTTP is the index of runs
-(``?list=runs`` with ``Authorization: Bearer <token>``): a read-only token's runs of its own
-tenant (a prefix token: every run it covers), refused (401/403) otherwise. The page also
-asks it why when its connection never opens and the hub said nothing (``refuse_with="http"``
-refuses at the upgrade, which a browser's WebSocket cannot read).
-
-Every answer carries a strict Content-Security-Policy: scripts and styles from the hub only
-(no inline script or style, no ``eval``), connections to the hub only, no frames, no forms.
+``crdtstore`` connection for the journal, leases and :func:`view.connections <_connections>`.
+Those connections carry the same token checks as any client's. The token travels in the
+address's fragment, which never reaches the server; the page takes only read-only tokens (a
+read-write one is refused unused), and builds every value into the page as text. The HTML is
+the same for every run: what a page shows comes only over the token-checked connections, except
+the index of runs (:func:`_runs`). Every answer carries a strict Content-Security-Policy
+(:func:`content_security_policy`).
 """
 
 from __future__ import annotations
@@ -69,7 +61,11 @@ def _asset(name: str) -> bytes:
 
 
 def content_security_policy(host: str) -> str:
-    """The page's policy: everything from the hub at ``host`` (its ``Host`` header) only."""
+    """The page's policy: everything from the hub at ``host`` (its ``Host`` header) only.
+
+    Every answer carries a strict Content-Security-Policy: scripts and styles from the hub only
+    (no inline script or style, no ``eval``), connections to the hub only, no frames, no forms.
+    """
     return (
         "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
         f"connect-src 'self' ws://{host} wss://{host}; base-uri 'none'; form-action 'none'; "
@@ -130,7 +126,15 @@ async def view_route(hub: Hub, connection: ServerConnection, request: HttpReques
 
 
 async def _runs(hub: Hub, request: HttpRequest, tenant: str, host: str) -> HttpResponse:
-    """The runs of ``tenant`` that the request's read-only token covers."""
+    """The runs of ``tenant`` that the request's read-only token covers.
+
+    The HTML is the same for every run: what a page shows comes only over the token-checked
+    connections. The one data answer given over plain HTTP is the index of runs (``?list=runs``
+    with ``Authorization: Bearer <token>``): a read-only token's runs of its own tenant (a
+    prefix token: every run it covers), refused (401/403) otherwise. The page also asks it why
+    when its connection never opens and the hub said nothing (``refuse_with="http"`` refuses at
+    the upgrade, which a browser's WebSocket cannot read).
+    """
     auth = request.headers.get("Authorization", "")
     token = auth[len("Bearer ") :] if auth.startswith("Bearer ") else None
     try:

@@ -8,72 +8,16 @@ durable ``waiting_on_lock``, joins, and resume that never re-runs finished work.
     spec = {"name": "checks", "steps": [
         {"id": "edit", "executor": {"kind": "python", "call": "mypkg.agents:apply_patch"},
          "owned_files": ["src/auth.rs"]},
-        {"id": "verify", "executor": {"kind": "parallel", "join": "all", "max_concurrency": 4,
-         "branches": [{"id": "lint", "kind": "script", "run": "ruff check ."},
-                      {"id": "unit", "kind": "script", "run": "pytest -q"}]}},
+        {"id": "verify", "kind": "script", "run": "pytest -q", "needs": ["edit"]},
     ]}
     async with crdtstore.open_store("sqlite:///runs/store.db") as store:
         result = await run_workflow(store, spec, run="r1")
 
-``crdtstore flow run SPEC --store URL --run R`` and ``crdtstore flow status --store URL
---run R [--json] [--watch]`` do the same from a shell.
-
-**Executors** (``kind``): ``python`` and ``agent`` (an async callable receiving a
-:class:`StepContext`; an agent's carries every store tool's schema, whatever its ``tools``
-allowlist says), ``script`` (a subprocess; environment in ``crdtstore.flow._script``),
-``parallel`` (``branches``, ``join``: ``all`` | ``any`` | ``{at_least: K}``,
-``max_concurrency``: branches running at once, a lock wait included) and ``workflow`` (a
-nested workflow, run as the nested run ``<run>.<step id>`` sharing the record: its writes
-and journal keys never collide with the parent's). A workflow's steps run in order; ``needs``
-makes a step depend on named siblings instead (``[]``: on none).
-
-**State.** The kernel's state is the map ``flow`` of the run's record, declared with policy
-``owner`` and written only by the agent ``flow-kernel``: the entry ``@run``
-(:class:`RunEntry`: name, spec hash, state, kernel starts) and one :class:`StepEntry` per
-step path (``verify/lint``; a nested workflow's steps under its step's path): state
-(``pending``, ``waiting_on_lock``, ``running``, ``done``, ``failed``, ``cancelled``),
-attempt, call id, lease id and fencing token, files, who was ahead when it queued, start
-and end times, result or error. The journal of that map is the kernel's history.
-
-**Owned files.** A step's ``owned_files`` are one all-or-nothing lease (owner
-``flow:<run>``, key ``(path, attempt)``), taken before it runs and released when it ends,
-fails or is cancelled. If they are held, the step is recorded ``waiting_on_lock`` *before*
-it queues, so a kernel restarted within the lease TTL asks again with the same key and keeps
-its FIFO place (branches started together queue in the order they ask). Writes to keys naming
-those files, through :meth:`StepContext.put` or the step's tools, are fenced with the lease's
-token.
-
-**Records.** Steps write through one record per (run, agent), opened on first use and shared
-by the steps of that agent (default: the workflow's ``agent``, else its ``name``); a step
-that needs an identity of its own names its ``agent``.
-
-**Resume: kept and marked.** Every write an attempt makes is journaled with its call id
-``<run>:<path>#<attempt>`` (``Record.attributed``); the attempt is recorded ``running``, and
-journaled, before its body runs, so no two attempts share a call id; its writes are flushed
-before it is recorded ``done``. On restart (same spec, same run): ``done`` steps are not run
-again (their results come from the record); ``waiting_on_lock`` ones re-attach with the same
-attempt; ``running``, ``failed``, ``cancelled`` and ``pending`` ones run as a new attempt.
-A ``script`` step's process group is recorded while it runs; a kernel restarted on the same
-host kills a command the killed kernel left running (pid and start time must match) before
-retrying the step, so two attempts of it never run at once. The writes of an attempt that did
-not complete **stay in the record**, marked with that attempt's call id (visible in
-``history`` and ``journal``); the writes of each attempt recorded ``done`` are in the record
-exactly once. Map writes that a re-run repeats converge
-to the same value; a list append of a crashed attempt stays next to the retry's, told apart
-by its call id. Stage-and-commit (an attempt's writes journaled together with its completion)
-was not chosen: ``rec.transaction()`` refuses guarded and fenced writes inside it (so a step
-could not fence its files), holds back the other writes of the record while open, and keeps
-an attempt's writes invisible to the parallel agents that seed 000 lets talk through the
-store until the step ends.
-
-A spec whose hash differs from the one the run was started with is refused (``SpecChanged``)
-unless ``allow_changed``. One kernel per run: it holds the lease ``item:flow/<run>``
-(``KernelBusy``); a killed kernel's is reaped at once.
-
-Errors (:class:`FlowError` under ``CrdtStoreError``): ``SpecInvalid`` (SPEC_INVALID, naming
-the field), ``SpecChanged`` (SPEC_CHANGED), ``KernelBusy`` (FLOW_RUNNING), ``StepFailed``
-(STEP_FAILED), ``StepTimeout`` (STEP_TIMEOUT), ``JoinFailed`` (JOIN_FAILED, with every
-branch's outcome).
+The kernel keeps all its state in the run's record (the map ``flow``), so a restarted kernel
+resumes from the record alone. Resume is *kept and marked*, not staged: an unfinished
+attempt's writes stay in the record under its call id, because staging them would forbid the
+fenced writes a step makes and hide them from the parallel agents meanwhile. The rules are
+in :func:`run_workflow`'s docstring; ``crdtstore flow run`` / ``flow status`` are the shell's.
 """
 
 from ._context import StepContext as StepContext

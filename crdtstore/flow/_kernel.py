@@ -562,6 +562,14 @@ async def run_workflow(
     JSON/YAML spec file) over the record of ``run``; return its result (``{step id:
     result}``). Steps recorded ``done`` are not run again.
 
+    The kernel's state is the map ``flow`` of the run's record (:class:`RunEntry`,
+    :class:`StepEntry`: the states and how resume treats each); the executors are drawn in
+    :class:`Workflow`'s docstring, owned files in :class:`Step`'s. A spec whose hash differs
+    from the one the run was started with is refused (``SpecChanged``) unless
+    ``allow_changed``. One kernel per run: it holds the lease ``item:flow/<run>``
+    (``KernelBusy``); a killed kernel's is reaped at once. The errors (:class:`FlowError` and
+    below, with their codes) are drawn in ``crdtstore.flow._errors``.
+
     Args:
         store: the open store; the run's record and the steps' leases are its.
         allow_changed: resume even though the run was started with another spec (steps are

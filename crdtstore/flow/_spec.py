@@ -3,7 +3,7 @@ passes before anything runs.
 
 A step is ``{id, executor: {kind, ...}, owned_files, retries, backoff, timeout, inputs,
 needs, agent, view}``; a step may also be written flat, with its executor's fields beside its
-own (``{id: lint, kind: script, run: "ruff check ."}``), as in the branches of seed 003.
+own (``{id: lint, kind: script, run: "ruff check ."}``), as parallel branches usually are.
 Unknown fields are refused; every error names the field (:class:`SpecInvalid`).
 """
 
@@ -154,6 +154,14 @@ class Step(_Model):
             none); their results are ``ctx.results``.
         agent: the agent id its writes carry (default: the workflow's ``agent``).
         view: the slice of the record it sees (``["findings/*", "log"]``; default: all).
+
+    **Owned files.** A step's ``owned_files`` are one all-or-nothing lease (owner
+    ``flow:<run>``, key ``(path, attempt)``), taken before it runs and released when it ends,
+    fails or is cancelled. If they are held, the step is recorded ``waiting_on_lock`` *before*
+    it queues, so a kernel restarted within the lease TTL asks again with the same key and keeps
+    its FIFO place (branches started together queue in the order they ask). Writes to keys
+    naming those files, through :meth:`StepContext.put` or the step's tools, are fenced with the
+    lease's token.
     """
 
     id: StepId
@@ -179,7 +187,17 @@ class Step(_Model):
 
 class Workflow(_Model):
     """A workflow: ``name``, its ``steps`` (run in order unless ``needs`` says otherwise),
-    and the default ``agent`` of its steps (default: ``name``)."""
+    and the default ``agent`` of its steps (default: ``name``).
+
+    **Executors** (``kind``): ``python`` and ``agent`` (an async callable receiving a
+    :class:`StepContext`; an agent's carries every store tool's schema, whatever its ``tools``
+    allowlist says), ``script`` (a subprocess; environment in ``crdtstore.flow._script``),
+    ``parallel`` (``branches``, ``join``: ``all`` | ``any`` | ``{at_least: K}``,
+    ``max_concurrency``: branches running at once, a lock wait included) and ``workflow`` (a
+    nested workflow, run as the nested run ``<run>.<step id>`` sharing the record: its writes
+    and journal keys never collide with the parent's). A workflow's steps run in order;
+    ``needs`` makes a step depend on named siblings instead (``[]``: on none).
+    """
 
     name: Annotated[str, StringConstraints(min_length=1, max_length=128)]
     steps: Annotated[list[Step], Field(min_length=1)]

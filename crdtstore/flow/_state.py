@@ -85,6 +85,32 @@ class StepEntry(_Entry):
     attributed to (a nested workflow's steps: the nested run). ``started``/``ended`` are wall
     times of the current attempt; ``result`` is set once ``done``, ``error`` once ``failed``
     (``{"code", "message", ...}``, see ``crdtstore.flow`` errors).
+
+    **State.** The kernel's state is the map ``flow`` of the run's record, declared with policy
+    ``owner`` and written only by the agent ``flow-kernel``: the entry ``@run``
+    (:class:`RunEntry`: name, spec hash, state, kernel starts) and one :class:`StepEntry` per
+    step path (``verify/lint``; a nested workflow's steps under its step's path): state
+    (``pending``, ``waiting_on_lock``, ``running``, ``done``, ``failed``, ``cancelled``),
+    attempt, call id, lease id and fencing token, files, who was ahead when it queued, start and
+    end times, result or error. The journal of that map is the kernel's history.
+
+    **Resume: kept and marked.** Every write an attempt makes is journaled with its call id
+    ``<run>:<path>#<attempt>`` (``Record.attributed``); the attempt is recorded ``running``, and
+    journaled, before its body runs, so no two attempts share a call id; its writes are flushed
+    before it is recorded ``done``. On restart (same spec, same run): ``done`` steps are not run
+    again (their results come from the record); ``waiting_on_lock`` ones re-attach with the same
+    attempt; ``running``, ``failed``, ``cancelled`` and ``pending`` ones run as a new attempt. A
+    ``script`` step's process group is recorded while it runs; a kernel restarted on the same
+    host kills a command the killed kernel left running (pid and start time must match) before
+    retrying the step, so two attempts of it never run at once. The writes of an attempt that
+    did not complete **stay in the record**, marked with that attempt's call id (visible in
+    ``history`` and ``journal``); the writes of each attempt recorded ``done`` are in the record
+    exactly once. Map writes that a re-run repeats converge to the same value; a list append of
+    a crashed attempt stays next to the retry's, told apart by its call id. Stage-and-commit (an
+    attempt's writes journaled together with its completion) was not chosen:
+    ``rec.transaction()`` refuses guarded and fenced writes inside it (so a step could not fence
+    its files), holds back the other writes of the record while open, and keeps an attempt's
+    writes invisible to the parallel agents that talk through the store until the step ends.
     """
 
     path: str

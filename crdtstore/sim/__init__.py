@@ -13,15 +13,7 @@ Quick use::
 
     result = sim.simulate(sim.SimConfig(agents=3, seed=7, ops=30))
     assert result.ok, result.violations
-    print(result.states["a0"])
-
-    script = [
-        sim.Partition(((0,), (1,))),
-        sim.Set(0, "m", "x", "from a0"),
-        sim.Set(1, "m", "y", "from a1"),
-        sim.Wait(10),
-        sim.Heal(),
-    ]
+    script = [sim.Partition(((0,), (1,))), sim.Set(0, "m", "x", "a0"), sim.Heal()]
     result = sim.simulate(sim.SimConfig(agents=2), script)
 
 See ``crdtstore/sim/_sim.py`` for why the simulator drives real records and how delivery is

@@ -1,27 +1,12 @@
 """The invariants a simulation checks, as pure functions of a replica's state and the writes
-it has integrated.
+it has integrated (:func:`check_state` defines them).
 
 A replica's *state* is the simulator's canonical JSON view of a record: maps as
 ``{key: value}``, ``keep_all`` maps as ``{key: [sibling, ...]}`` (each sibling a
 ``{"token", "agent", "value"}``, sorted by token), lists as lists, texts as strings.
 
-Given the set S of writes a replica has integrated (causally closed: with every write it
-depends on), the invariants are:
-
-- **lost_write** (last-writer-wins maps): call a write to a key *superseded* when a later write
-  to that key was made by an agent that had integrated it (every write supersedes the
-  frontier of the key its author could see). The key must hold the value of one of the
-  unsuperseded sets of S (a concurrent LWW loser stays in the writer's journal, DESIGN I2),
-  or be absent when only deletes are unsuperseded. When both a set and a delete are
-  unsuperseded the key may also be absent: Yjs deletes the loser of concurrent sets when it
-  integrates them, so a set that lost to the value a concurrent delete removed is gone too
-  (the set is still in its writer's journal and ``history``);
-- **keep_all_sibling**: a keep_all key holds exactly the siblings S wrote and no write of S
-  resolved (deleted after seeing them): every concurrent sibling present, none invented;
-- **lost_append**: every append of S is in the list exactly once, each agent's appends in the
-  order it made them, and nothing else is;
-- **lost_text**: the text holds exactly the characters S inserted (no character lost or
-  duplicated; random scripts insert at token boundaries only, so tokens stay whole).
+Pure functions, so that a violation can be replayed and explained from the trace alone, and
+the checks themselves tested without a network.
 """
 
 from __future__ import annotations
@@ -113,7 +98,26 @@ def check_state(
 ) -> list[tuple[str, str]]:
     """Check a replica's ``state`` against the writes ``S`` it has integrated; return
     ``(invariant, detail)`` pairs for what fails. ``kinds`` gives each written collection's
-    kind (``map``, ``keep_all``, ``list``, ``text``)."""
+    kind (``map``, ``keep_all``, ``list``, ``text``).
+
+    Given the set S of writes a replica has integrated (causally closed: with every write it
+    depends on), the invariants are:
+
+    - **lost_write** (last-writer-wins maps): call a write to a key *superseded* when a later
+      write to that key was made by an agent that had integrated it (every write supersedes
+      the frontier of the key its author could see). The key must hold the value of one of
+      the unsuperseded sets of S (a concurrent LWW loser stays in the writer's journal,
+      DESIGN I2), or be absent when only deletes are unsuperseded. When both a set and a
+      delete are unsuperseded the key may also be absent: Yjs deletes the loser of concurrent
+      sets when it integrates them, so a set that lost to the value a concurrent delete
+      removed is gone too (the set is still in its writer's journal and ``history``);
+    - **keep_all_sibling**: a keep_all key holds exactly the siblings S wrote and no write of
+      S resolved (deleted after seeing them): every concurrent sibling present, none invented;
+    - **lost_append**: every append of S is in the list exactly once, each agent's appends in
+      the order it made them, and nothing else is;
+    - **lost_text**: the text holds exactly the characters S inserted (no character lost or
+      duplicated; random scripts insert at token boundaries only, so tokens stay whole).
+    """
     by_coll: dict[str, list[WriteRec]] = {}
     for w in writes:
         by_coll.setdefault(w.collection, []).append(w)

@@ -1,33 +1,23 @@
 """The simulator: N agents, each a real :class:`crdtstore.Record` on its own ``memory://``
 store, connected by a simulated network; scripted or random writes; a trace; invariant checks.
 
-Why real records, each on its own store. The point is to watch the record and journal code
-merge, not a model of it. Each agent's record lives on a private ``memory://`` store, so
-records never sync by themselves: the only way a write reaches another agent is a message of
-the simulated network. An agent writes through the public API (``rec.map(..).set``,
-``rec.list(..).append``, ``rec.text(..).insert``; ``keep_all`` collections through a
-``CollectionSpec(conflict="keep_all")`` schema), in ``durable`` mode, so a write that returned
-is acknowledged (journaled). Its message carries the update bytes of the journal entries the
-write made (``store.journal(run)``); a receiver merges them with ``tree_merge`` and applies
-them with ``rec.apply_update`` (which journals them again, in the receiver's journal, as
-relayed content: those entries are not forwarded, every write travels from its author). At the
-end the network drains and the agents exchange state vectors (``doc.get_update(state)``,
-applied through ``rec.apply_update``), as every reconnect of the sync layer does.
+Why real records, each on its own store: the point is to watch the record and journal code
+merge, not a model of it, and a private store means a write reaches another agent only as a
+message of the simulated network. Agents write through the public API in ``durable`` mode,
+so a write that returned is acknowledged. A message carries the update bytes of the journal
+entries the write made; a receiver merges them (``tree_merge``) and applies them with
+``rec.apply_update`` (journaled again as relayed content, never forwarded: every write
+travels from its author). At the end the network drains and the agents exchange state
+vectors, as every reconnect of the sync layer does.
 
-Determinism. Every random choice (the script, the network, the client ids) comes from
-``random.Random`` seeded from ``SimConfig.seed``; time is simulated ticks, never the wall
-clock. pycrdt gives every Doc a random client id and concurrent map writes are won by the
-higher id, so the simulator gives each agent's document a client id drawn from the seed
-(``_agent._seed_client_id``; crdtstore has no public way to choose it yet). The trace leaves out
-what still depends on the wall clock (write times in provenance and keep_all siblings).
+Determinism: every random choice comes from ``random.Random(SimConfig.seed)``, time is
+simulated ticks, each agent's Doc gets a client id drawn from the seed (``_agent._seed_client_id``:
+the higher id wins concurrent map writes), and the trace leaves out write times.
 
-Causal delivery. pycrdt 0.14 can drop content when one client's updates arrive out of causal
-order (PYCRDT-NOTES hazard 1; a state-vector exchange repairs it). With ``causal=True`` (the
-default) a receiver holds back a message until it has integrated every write the message's
-write depended on (a causal broadcast over a network that loses, duplicates and reorders),
-as the journal and the hub order updates; invariants are then checked at every step. With
-``causal=False`` messages are applied as they arrive, to watch the hazard: only the final
-state (after the state-vector exchange) is checked.
+Causal delivery: out-of-order updates of one client can drop content (PYCRDT-NOTES hazard 1).
+With ``causal=True`` (the default) a receiver holds a message back until it integrated every
+write it depends on, and invariants are checked at every step; ``causal=False`` applies
+messages as they arrive, to watch the hazard (only the final state is checked).
 """
 
 from __future__ import annotations

@@ -2,27 +2,15 @@
 ``MCPServer``. Needs the optional extra: ``pip install 'crdtstore[mcp]'``.
 
 - **Tools** are the toolset's, with its own input schemas (``toolset.schemas("mcp")``):
-  :class:`RecordServer` overrides ``MCPServer.list_tools`` and ``call_tool`` instead of
-  registering Python functions, so the SDK never derives a schema from a signature. A result
-  is ``structured_content`` (the result dict) plus one ``TextContent`` of its JSON;
-  ``is_error`` is set when the toolset returned ``{"error": ...}``. The toolset validates the
-  arguments; the SDK's ``Mcp-Param-*`` header check (2026 HTTP) finds no schema of its own
-  for these tools and is skipped, as it is for a schema that declares no header. The call
-  id journaled with each write names the server process and the MCP request
-  (``mcp-<pid>-<n>-<id>``).
+  :class:`RecordServer` overrides ``list_tools`` and ``call_tool`` instead of registering
+  Python functions, so the SDK never derives a schema from a signature and a shell agent, a
+  model and an MCP client see one contract. The call id journaled with each write names the
+  server process and the MCP request (``mcp-<pid>-<n>-<id>``).
 - **Resources**: each collection the toolset sees is ``crdtstore://<run>/<collection>``
   (``application/json``: what ``store_get(collection)`` returns, its first page).
 - **Notifications**, driven by ``rec.changes()`` (local and remote writes alike), coalesced
-  while a round is being sent. Both protocol eras of SDK 2.x are served: on 2026-07-28
-  connections through the SDK's subscription bus (``subscriptions/listen`` with
-  ``resourceSubscriptions`` / ``resourcesListChanged``); on handshake-era connections
-  (``ClientSession.initialize()``, up to 2025-11-25) through ``resources/subscribe`` and
-  ``notifications/resources/updated``, and ``notifications/resources/list_changed`` to every
-  session that listed or subscribed to resources, when a collection appears.
-
-``MCPServer`` does not serve the legacy ``resources/subscribe`` itself; the SDK's advice for
-methods the 2026 revision removed is the low-level ``Server.add_request_handler``, which is
-what :meth:`RecordServer.__init__` does (the one place that reaches the low-level server).
+  while a round is being sent, in both protocol eras of SDK 2.x: the 2026 subscription bus,
+  and ``resources/subscribe`` for handshake-era connections (see :meth:`RecordServer.__init__`).
 """
 
 from __future__ import annotations
@@ -116,6 +104,14 @@ class RecordServer(MCPServer[Any]):
         self._sessions: dict[int, ServerSession] = {}
         self._subscribed: dict[int, set[str]] = {}
         self._known = self._visible_collections()
+        # Notifications in both protocol eras of SDK 2.x: 2026-07-28 connections get them
+        # through the SDK's subscription bus (subscriptions/listen with resourceSubscriptions /
+        # resourcesListChanged); handshake-era connections (ClientSession.initialize(), up to
+        # 2025-11-25) through resources/subscribe and notifications/resources/updated, and
+        # notifications/resources/list_changed to every session that listed or subscribed to
+        # resources, when a collection appears. MCPServer does not serve the legacy
+        # resources/subscribe itself; the SDK's advice for methods the 2026 revision removed
+        # is the low-level Server.add_request_handler: this is the one place that reaches it.
         low = self._lowlevel_server
         low.add_request_handler("resources/subscribe", SubscribeRequestParams, self._subscribe)
         low.add_request_handler(
@@ -139,7 +135,13 @@ class RecordServer(MCPServer[Any]):
     async def call_tool(
         self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
     ) -> CallToolResult:
-        """Run a tool; a structured error comes back as a result with ``is_error`` set."""
+        """Run a tool; a structured error comes back as a result with ``is_error`` set.
+
+        A result is ``structured_content`` (the result dict) plus one ``TextContent`` of its
+        JSON. The toolset validates the arguments; the SDK's ``Mcp-Param-*`` header check
+        (2026 HTTP) finds no schema of its own for these tools and is skipped, as it is for a
+        schema that declares no header.
+        """
         call_id = f"{self._call_prefix}-{next(self._calls)}"
         if context is not None:
             with contextlib.suppress(ValueError):  # ValueError: no request (in-process call)

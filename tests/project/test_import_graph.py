@@ -184,6 +184,30 @@ def test_modules_stay_small() -> None:
     assert {name: n for name, n in sizes.items() if n > MAX_MODULE_LINES} == {}
 
 
+MAX_DOCSTRING_LINES = 20
+# the record package's design drawing (the modules and which may import which) is longer
+DOCSTRING_LINES_ALLOWED = {"crdtstore/record/__init__.py": 40}
+
+
+def test_module_docstrings_stay_short() -> None:
+    # a module docstring says what the module is for and why it is shaped so, in about 20
+    # lines (issue 15); reference material (a wire format, an error table) goes to the class
+    # or function it describes, figures to bench/
+    lines = {}
+    for pkg in PACKAGES:
+        for p in sorted((ROOT / pkg).rglob("*.py")):
+            doc = ast.get_docstring(ast.parse(p.read_text()), clean=False)
+            lines[str(p.relative_to(ROOT).as_posix())] = len(doc.splitlines()) if doc else 0
+    assert len(lines) > 100  # (the walk found the packages)
+    assert [name for name, n in lines.items() if n == 0] == []
+    too_long = {
+        name: n
+        for name, n in lines.items()
+        if n > DOCSTRING_LINES_ALLOWED.get(name, MAX_DOCSTRING_LINES)
+    }
+    assert too_long == {}
+
+
 # crdtstore/record/__init__.py's drawing, top to bottom: a module imports only those below it
 RECORD_LAYERS = [
     "_record",

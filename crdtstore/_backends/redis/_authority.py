@@ -9,16 +9,14 @@ client thinks (MULTI only queues commands, a script cannot wait for the client).
   (the appender waits and tries again: a plain append never interleaves with an open
   authority), and so are run state changes and ``delete_run``;
 - the authority's appends are **buffered** in the client, numbered from the head it read:
-  nothing is visible to others until it ends, and leaving it with an error drops them (the
-  roll-back);
+  nothing is visible to others until it ends, and leaving it with an error drops them;
 - it **commits** with the same append script, which writes the buffer only if the caller
   still holds the lock and the head is still the one it read, and drops the lock in the same
-  step. A holder that went silent for longer than ``lock_ttl`` (its process stopped) loses the
-  lock to the next writer; its commit is then refused (``BackendError``) and nothing of it is
-  written, so a late commit can never land behind a newer decision.
+  step. A holder silent for longer than ``lock_ttl`` loses the lock to the next writer; its
+  commit is then refused (``BackendError``), so a late commit never lands behind a newer one.
 
-Every read inside the authority also extends the lock, so an authority that keeps working
-keeps it. A killed holder blocks the run's writers for at most ``lock_ttl`` seconds.
+Every read inside the authority extends the lock, so an authority that keeps working keeps
+it. A killed holder blocks the run's writers for at most ``lock_ttl`` seconds.
 """
 
 from __future__ import annotations

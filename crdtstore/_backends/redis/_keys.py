@@ -18,6 +18,21 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from ..._errors import InvalidValue, UnsupportedURL
 from ..._names import check_name
 
+# The keys (``P``: the URL's ``prefix``; names escaped by :func:`escape`; ``{T}`` is a hash tag,
+# so every key of a tenant is in one cluster slot):
+#
+#   P:{T}:runs        sorted set  run name -> creation time (us); list_runs' order
+#   P:{T}:r:R         hash        created, head, snap, parent, state, delete_after, config
+#   P:{T}:r:R:j       stream      the journal: entry ID "<seq>-0"; fields a (agent), s (source),
+#                                 c (client id), w (wall time), u (update), e (effect JSON),
+#                                 k (CRC-32), o (origin), l (call), x (its key-index members)
+#   P:{T}:r:R:k       sorted set  key index of history(): "collection NUL key NUL <seq, 20
+#                                 digits>", all at score 0 (lexicographic)
+#   P:{T}:r:R:s       hash        the snapshot: seq, upd, state, created
+#   P:{T}:r:R:lock    string      the run's authority lock (a token, with a TTL)
+#   P:{T}:lease:q     hash        lease requests: rank -> JSON (see lua/lease.lua)
+#   P:{T}:lease:n     hash        lease counters: rank, token (never go back)
+#   P:{T}:lease:ev    stream      lease hand-offs, for waiters in other processes
 DEFAULT_PREFIX = "crdtstore"
 DEFAULT_LOCK_TTL = 10.0  # seconds an authority lock lives without being used (see _authority)
 _PREFIX = re.compile(r"[A-Za-z0-9_.-]{1,64}")

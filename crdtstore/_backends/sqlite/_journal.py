@@ -4,26 +4,16 @@ Several processes on one machine share one store file. The design follows SQLite
 
 - WAL mode, so readers never block the writer and the writer never blocks readers;
 - short ``BEGIN IMMEDIATE`` transactions (take the write lock up front, so two writers never
-  deadlock upgrading a read lock); a writer waits up to :data:`BUSY_TIMEOUT` seconds for the
-  lock;
-- a connection per store object and process, never shared across ``fork`` (checked: using a
-  store in a forked child raises instead of corrupting the file);
-- the blocking driver calls run in worker threads so the event loop stays responsive, except
-  the two hot paths of cross-process propagation, which run on the event loop thread on a
-  connection of their own (the *loop connection*, busy timeout 0): a tail's read of a few new
-  rows (tens of microseconds, less than a hop to a worker thread, which costs milliseconds on
-  a loaded machine; a read asking for more than :data:`INLINE_ROWS` rows, or finding more
-  than :data:`INLINE_BYTES` bytes, goes to a thread) and a ``batched`` append (a few
-  microseconds of statements and a commit that does not sync). A busy write lock makes the
-  append retry in short steps (:data:`RETRY_FIRST` doubling to :data:`RETRY_MAX`, for at
-  most :data:`BUSY_TIMEOUT` seconds) instead of SQLite's busy handler, which sleeps 1, 2,
-  5, 10, 15, 20, 25... ms between tries (``append_now``, the same append for a caller on
-  the loop that cannot wait, tries once and says so). The loop connection never checkpoints on
-  commit (a checkpoint syncs the files: milliseconds); every :data:`CHECKPOINT_EVERY` of its
-  commits starts a checkpoint in a background thread on a connection of its own (see
-  ``_inline._checkpoint_file``);
-- ``secure_delete`` so that deleting a run overwrites its bytes instead of leaving them in free
-  pages, and a WAL checkpoint after deletes so they do not linger in the log either.
+  deadlock upgrading a read lock), waiting up to :data:`BUSY_TIMEOUT` seconds for the lock;
+- a connection per store object and process, never shared across ``fork`` (a store used in
+  a forked child raises instead of corrupting the file);
+- blocking driver calls run in worker threads, except the two hot paths of cross-process
+  propagation, which are cheaper than a hop to a thread and run on the event loop on a
+  connection of their own (busy timeout 0, see :mod:`._inline`): a tail's read of a few new
+  rows (:data:`INLINE_ROWS`) and a ``batched`` append, which retries a busy lock in short
+  steps (:data:`RETRY_FIRST` doubling to :data:`RETRY_MAX`) rather than SQLite's coarser
+  busy handler, and never checkpoints on commit (a background thread does);
+- ``secure_delete``, and a WAL checkpoint after deletes, so deleted runs leave no bytes behind.
 
 Durable appends run with ``synchronous=FULL`` (the commit survives power loss); batched appends
 with ``synchronous=NORMAL`` (survives the death of any process, which is what ``kill -9`` tests).

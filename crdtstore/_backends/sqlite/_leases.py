@@ -5,26 +5,19 @@ Living in the same file is the point: a write to the record that carries a lease
 no grant can change between the check and the write.
 
 Every transition is one ``BEGIN IMMEDIATE`` transaction that applies the :mod:`._engine`
-transition to the lease rows (a handful: holders and waiters, never history) and writes back
-only what changed. It is built to cost little more than the bare transaction:
+transition to the lease rows (holders and waiters, never history) and writes back only what
+changed. It is built to cost little more than the bare transaction:
 
-- it runs on the lease connection (:meth:`SQLiteJournal.lease_connection`, busy timeout 0,
-  one reused cursor), inline on the event loop thread: a transition is tens of microseconds,
-  less than the hop to a worker thread. When another connection holds the write lock,
-  ``BEGIN IMMEDIATE`` fails at once and the transition retries after a short, growing sleep
-  (0.1 ms .. 4 ms) that does not block the event loop, for up to 30 s like the journal's own
-  busy timeout (release and cancel retry shielded from cancellation);
-- the rows are kept in memory between transitions. ``PRAGMA data_version`` (read inside the
-  transaction, under the write lock) changes whenever another connection, in this process or
-  another, committed anything to the file; only then are the rows read again. A transition
-  that fails for any reason rolls back and drops the cached rows;
-- the requests and the two counters (next rank, next token) are rows of one table without
-  secondary indexes (the counters are the row with rank 0), so a transition usually writes a
-  single b-tree page: the WAL frame per commit is most of the cost of a small transaction.
+- it runs inline on the event loop on the lease connection (busy timeout 0), cheaper than a
+  hop to a worker thread; a busy write lock is retried after a short growing sleep that does
+  not block the loop, up to :data:`BUSY_TIMEOUT` (release and cancel shielded from cancellation);
+- the rows are cached between transitions and read again only when ``PRAGMA data_version``
+  (read under the write lock) says another connection committed; a failed transition rolls
+  back and drops the cache;
+- requests and counters are rows of one un-indexed table: a transition writes one b-tree page.
 
-The table is created on first use; a store written by an earlier version (``lease_requests``
-plus ``lease_counters``) is migrated in the same transaction. Processes of that earlier version
-must not use the store at the same time (they would queue in the old tables).
+The table is created on first use; the earlier two-table layout is migrated in the same
+transaction (processes of that earlier version must not share the store meanwhile).
 """
 
 from __future__ import annotations
@@ -51,7 +44,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 _BUSY: Any = object()
 BUSY_TIMEOUT = 30.0  # seconds, as the journal's connections (timeout=30.0)
-_FIRST_RETRY = 0.0001
+_FIRST_RETRY = 0.0001  # seconds before the first retry of a busy transition (doubling)
 _MAX_RETRY = 0.004
 _SQLITE_BUSY, _SQLITE_LOCKED = 5, 6
 
