@@ -41,3 +41,24 @@ def test_crdtstore_never_imports_sync() -> None:
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_readme_lists_every_error_code() -> None:
+    """README.md's error table names every stable code (a new error is documented)."""
+    import inspect
+    import pathlib
+
+    import crdtstore._errors
+    import crdtstore.flow._errors
+    import sync._errors
+    import sync._tokens
+
+    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
+    codes = {
+        obj.code
+        for mod in (crdtstore._errors, crdtstore.flow._errors, sync._errors, sync._tokens)
+        for obj in vars(mod).values()
+        if inspect.isclass(obj) and issubclass(obj, BaseException) and "code" in vars(obj)
+    }
+    assert len(codes) > 30
+    assert sorted(c for c in codes if f"| `{c}` |" not in readme) == []
