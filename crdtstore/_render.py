@@ -143,7 +143,7 @@ def _keep_all_cells(
                     agent=str(entry.get("a")),
                     source=str(entry.get("s")),
                     seq=None if m is None else m.seq,
-                    wall_time=float(entry.get("t", 0)),
+                    wall_time=float(entry.get("t", 0)),  # (the sibling's, as Conflict shows)
                     token=token,
                     siblings=len(sibs),
                 )
@@ -167,7 +167,7 @@ def _fields_cells(
     out = []
     for key in sorted(entries):
         shown: dict[str, Any] = {}
-        for field in sorted(f for f in entries[key] if f):
+        for field in sorted(f for f in entries[key] if f):  # (the document's order varies)
             sibs = entries[key][field]
             if not keep_all:
                 shown[field] = sibs[0][1]
@@ -220,11 +220,11 @@ def _replica_rows(replica: Replica, keep_all: Iterable[str]) -> list[Rows]:
             def meta(key: str, name: str = name) -> Meta | None:
                 return replica.meta(name, key)
 
-            if name in declared or _keep_all_layout(value):
-                cs = _keep_all_cells(name, value, meta)
-            elif _fields_layout(value):
-                keep = any(SEP in k for k in value)
+            if _fields_layout(value):  # (before keep_all: its keep_all layout has \x1f too)
+                keep = name in declared or any(SEP in k for k in value)
                 cs = _fields_cells(name, value, meta, keep)
+            elif name in declared or _keep_all_layout(value):
+                cs = _keep_all_cells(name, value, meta)
             else:
                 cs = _map_cells(name, value, meta)
         elif kind == "list":

@@ -97,6 +97,14 @@ def cells(source: Source, *, agent: str | None = None, keep_all: Iterable[str] =
 # -- tables and trees -------------------------------------------------------------------------
 
 
+def _key_text(c: Cell) -> str:
+    """A cell's key as a table shows it (a counter's contribution key ``agent<US>client``
+    as ``agent #client``)."""
+    if c.key is None:
+        return ""
+    return c.key.replace(SEP, " #") if c.kind == "counter" else c.key
+
+
 @dataclass(frozen=True)
 class RecordTable:
     """A record as rows of :class:`Cell`: ``str()`` is a plain-text table, a notebook shows
@@ -110,7 +118,7 @@ class RecordTable:
     def rows(self) -> list[tuple[str, str, str, str, str]]:
         out = []
         for c in self.cells:
-            key = "" if c.key is None else c.key
+            key = _key_text(c)
             if c.conflicted:
                 key = f"{key} [{c.siblings} siblings]"
             out.append(
@@ -169,7 +177,7 @@ class RecordTable:
                         lines.append(f"  {branch} {c.key}: CONFLICT, {c.siblings} siblings")
                     lines.append(f"  │   • {value}  ← {prov}")
                     continue
-                key = f"[{c.key}]" if c.kind == "list" else str(c.key)
+                key = f"[{c.key}]" if c.kind == "list" else _key_text(c) or str(c.key)
                 lines.append(f"  {branch} {key} = {value}" + (f"  ← {prov}" if prov else ""))
         return "\n".join(lines)
 
