@@ -138,21 +138,23 @@ def inspect(
     """Print a run's record as a tree, with the provenance of every map key."""
     store_url = _store_url(url)
 
-    async def go() -> tuple[dict[str, Any], Tree]:
+    async def go() -> dict[str, Any] | Tree:
         async with open_store(store_url, tenant=tenant) as store:
             info = await store.run_info(run)
             async with store.open_record(run, CLI_AGENT, "user", create=False) as rec:
+                if as_json:  # (only what is printed: reading the record is most of the time)
+                    return record_json(rec, info)
                 title = (
                     f"run {run!r} of tenant {tenant!r}: journal head {info.head}, "
                     f"snapshot at {info.snapshot_seq}"
                 )
-                return record_json(rec, info), record_tree(rec, title, max_items)
+                return record_tree(rec, title, max_items)
 
-    data, tree = _run_async(go)
-    if as_json:
-        typer.echo(json.dumps(data, ensure_ascii=False))
+    shown = _run_async(go)
+    if isinstance(shown, dict):
+        typer.echo(json.dumps(shown, ensure_ascii=False))
     else:
-        console.print(tree)
+        console.print(shown)
 
 
 # -- history ------------------------------------------------------------------------------------

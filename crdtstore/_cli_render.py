@@ -1,6 +1,7 @@
 """How a record and its journal entries print: the one-line summary of an effect, the JSON of
 a journal entry and of a record (with the provenance of every map key), and the record as a
-rich tree. ``inspect``, ``journal`` and ``demo`` all show records this way.
+rich tree. ``inspect``, ``journal`` and ``demo`` all show records this way; what a record
+shows (its cells and their provenance) comes from ``_render``, shared with ``crdtstore.sim``.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from . import JournalEntry, Provenance, Record, RunInfo
+from . import JournalEntry, Record, RunInfo, Span
 from ._cli_common import _clock, _fixed_but, _line, _short
+from ._counter_rules import number
+from ._render import Cell, Rows, record_rows
 
 
 def _shown(value: Any) -> str:
@@ -68,52 +71,93 @@ def _entry_json(e: JournalEntry) -> dict[str, Any]:
     }
 
 
-def record_json(rec: Record, info: RunInfo) -> dict[str, Any]:
-    """The record as JSON: every collection, with the provenance of every map key."""
-    collections: dict[str, Any] = {}
-    agents: set[str] = set()
-    for name, kind in rec.collections().items():
-        if kind == "map":
-            m = rec.map(name)
-            entries: dict[str, Any] = {}
-            for key, value in sorted(m.items()):
-                prov = m.provenance(key)
-                if prov is not None:
-                    agents.add(prov.agent)
-                entries[key] = {
-                    "value": value,
-                    "provenance": None if prov is None else prov.model_dump(exclude={"run"}),
-                }
-            collections[name] = {"kind": kind, "entries": entries}
-        elif kind == "counter":
-            c = rec.counter(name)
-            collections[name] = {
-                "kind": kind,
+def _prov_json(c: Cell | None) -> dict[str, Any] | None:
+    """A cell's provenance as ``Provenance.model_dump(exclude={"run"})`` gives it."""
+    if c is None or c.agent is None or c.wall_time is None:
+        return None
+    return {
+        "agent": c.agent,
+        "source": c.source,
+        "wall_time": c.wall_time,
+        "seq": c.seq,
+        "call": None,
+    }
+
+
+def _span_json(s: Span) -> dict[str, Any]:
+    p = s.provenance
+    return {
+        "start": s.start,
+        "end": s.end,
+        "provenance": None if p is None else p.model_dump(exclude={"run"}),
+    }
+
+
+def _entry_value(sibs: list[Cell]) -> Any:
+    """A map entry's value: its one value, or a keep_all key's siblings as ``to_dict`` shows
+    them (``{"__conflict__": [...]}``)."""
+    if len(sibs) == 1:
+        return sibs[0].value
+    return {
+        "__conflict__": [
+            {
                 "value": c.value,
-                "contributions": c.contributions(),
-                "max_value": c.max_value,
+                "agent": c.agent,
+                "source": c.source,
+                "wall_time": c.wall_time,
+                "token": c.token,
             }
-        elif kind == "list":
-            lst = rec.list(name)
-            provs = lst.provenances()
-            agents.update(p.agent for p in provs if p is not None)
-            collections[name] = {
-                "kind": kind,
-                "items": lst.to_list(),
-                "item_provenance": [_prov_json(p) for p in provs],
-            }
-        else:
-            txt = rec.text(name)
-            spans = txt.authorship()
-            agents.update(s.provenance.agent for s in spans if s.provenance is not None)
-            collections[name] = {
-                "kind": kind,
-                "text": txt.read(),
-                "authorship": [
-                    {"start": s.start, "end": s.end, "provenance": _prov_json(s.provenance)}
-                    for s in spans
-                ],
-            }
+            for c in sibs
+        ]
+    }
+
+
+def _by_key(rows: Rows) -> dict[str | None, list[Cell]]:
+    out: dict[str | None, list[Cell]] = {}
+    for c in rows.cells:
+        out.setdefault(c.key, []).append(c)
+    return out
+
+
+def _collection_json(r: Rows) -> dict[str, Any]:
+    if r.kind == "counter":
+        parts: dict[str, int | float] = {}
+        for c in r.cells:
+            parts[str(c.agent)] = parts.get(str(c.agent), 0) + c.value
+        return {
+            "kind": r.kind,
+            "value": r.total,
+            "contributions": {a: number(v) for a, v in sorted(parts.items())},
+            "max_value": r.max_value,
+        }
+    if r.kind == "list":
+        return {
+            "kind": r.kind,
+            "items": [c.value for c in r.cells],
+            "item_provenance": [_prov_json(c) for c in r.cells],
+        }
+    if r.kind == "text":
+        (c,) = r.cells
+        return {"kind": r.kind, "text": c.value, "authorship": [_span_json(s) for s in c.spans]}
+    entries = {
+        str(key): {"value": _entry_value(sibs), "provenance": _prov_json(sibs[-1])}
+        for key, sibs in _by_key(r).items()
+    }
+    return {"kind": r.kind, "entries": entries}
+
+
+def record_json(rec: Record, info: RunInfo) -> dict[str, Any]:
+    """The record as JSON: every collection, with the provenance of every map key, list
+    item and span of text."""
+    shown = record_rows(rec)
+    agents = {c.agent for r in shown for c in r.cells if c.agent is not None and c.kind != "text"}
+    agents.update(
+        s.provenance.agent
+        for r in shown
+        for c in r.cells
+        for s in c.spans
+        if s.provenance is not None
+    )
     return {
         "tenant": info.tenant,
         "run": info.run,
@@ -121,23 +165,23 @@ def record_json(rec: Record, info: RunInfo) -> dict[str, Any]:
         "snapshot_seq": info.snapshot_seq,
         "applied_seq": rec.applied_seq,
         "agents": sorted(agents),
-        "collections": collections,
+        "collections": {r.name: _collection_json(r) for r in shown},
     }
 
 
-def _prov_json(p: Provenance | None) -> dict[str, Any] | None:
-    return None if p is None else p.model_dump(exclude={"run"})
-
-
-def _by(p: Provenance | None) -> str:
+def _by(agent: str | None, source: str | None, seq: int | None) -> str:
     """Who wrote a list item or a span of text, in a few characters."""
-    if p is None:
+    if agent is None:
         return "?"
-    return f"{p.agent} ({p.source}) #{'-' if p.seq is None else p.seq}"
+    return f"{agent} ({source}) #{'-' if seq is None else seq}"
 
 
-def _map_table(rec: Record, name: str, keys: list[str]) -> Table:
-    m = rec.map(name)
+def _span_by(s: Span) -> str:
+    p = s.provenance
+    return _by(None, None, None) if p is None else _by(p.agent, p.source, p.seq)
+
+
+def _map_table(cs: list[Cell]) -> Table:
     table = Table(
         "key",
         "value",
@@ -150,20 +194,22 @@ def _map_table(rec: Record, name: str, keys: list[str]) -> Table:
         header_style="dim",
     )
     _fixed_but(table, 1)
-    for key in keys:
-        prov = m.provenance(key)
+    for c in cs:
+        key = Text(str(c.key), style="green")
+        if c.conflicted:
+            key.append(f" [{c.siblings} siblings]", style="yellow")
         table.add_row(
-            Text(key, style="green"),
-            _line(_short(m[key], 200)),
-            "?" if prov is None else f"{prov.agent} ({prov.source})",
-            "-" if prov is None or prov.seq is None else str(prov.seq),
-            "-" if prov is None else _clock(prov.wall_time),
+            key,
+            _line(_short(c.value, 200)),
+            "?" if c.agent is None else f"{c.agent} ({c.source})",
+            "-" if c.seq is None else str(c.seq),
+            "-" if c.wall_time is None else _clock(c.wall_time),
         )
     return table
 
 
 def record_tree(rec: Record, title: str, max_items: int = 20) -> Tree:
-    """The record as a rich tree: collections, values, and who wrote each map value."""
+    """The record as a rich tree: collections, values, and who wrote each of them."""
     tree = Tree(Text(title, style="bold"))
 
     def more(node: Tree, shown: int, total: int, what: str) -> None:
@@ -171,38 +217,35 @@ def record_tree(rec: Record, title: str, max_items: int = 20) -> Tree:
             node.add(Text(f"… {total - shown} more {what}", style="dim"))
 
     limit = max_items if max_items > 0 else None
-    for name, kind in rec.collections().items():
-        if kind == "map":
-            keys = sorted(rec.map(name).keys())
+    for r in record_rows(rec):
+        name = r.name
+        if r.kind == "map":
+            keys = r.keys()
             node = tree.add(Text.assemble((name, "bold cyan"), f"  map, {len(keys)} keys"))
+            kept = set(keys[:limit])
             if keys:
-                node.add(_map_table(rec, name, keys[:limit]))
-            more(node, len(keys[:limit]), len(keys), "keys")
-        elif kind == "counter":
-            c = rec.counter(name)
-            budget = "" if c.max_value is None else f" of {c.max_value}"
-            node = tree.add(Text.assemble((name, "bold cyan"), f"  counter = {c.value}{budget}"))
-            for agent, part in c.contributions().items():
+                node.add(_map_table([c for c in r.cells if c.key in kept]))
+            more(node, len(kept), len(keys), "keys")
+        elif r.kind == "counter":
+            budget = "" if r.max_value is None else f" of {r.max_value}"
+            node = tree.add(Text.assemble((name, "bold cyan"), f"  counter = {r.total}{budget}"))
+            for agent, part in _collection_json(r)["contributions"].items():
                 node.add(_line((f"{agent}: ", "dim"), str(part)))
-        elif kind == "list":
-            lst = rec.list(name)
-            items = lst.to_list()
+        elif r.kind == "list":
+            items = r.cells
             node = tree.add(Text.assemble((name, "bold cyan"), f"  list, {len(items)} items"))
-            for i, item in enumerate(items[:limit]):
-                by = _by(lst.provenance(i))
-                node.add(_line((f"[{i}] ", "dim"), _short(item, 200), (f"  ({by})", "dim")))
+            for c in items[:limit]:
+                by = _by(c.agent, c.source, c.seq)
+                node.add(_line((f"[{c.key}] ", "dim"), _short(c.value, 200), (f"  ({by})", "dim")))
             more(node, len(items[:limit]), len(items), "items")
         else:
-            txt = rec.text(name)
-            text, spans = txt.read(), txt.authorship()
-            lines = text.splitlines(keepends=True)
+            (c,) = r.cells
+            lines = str(c.value).splitlines(keepends=True)
             node = tree.add(Text.assemble((name, "bold cyan"), f"  text, {len(lines)} lines"))
             at = 0
             for line in lines[:limit]:
                 end = at + len(line)
-                who = dict.fromkeys(
-                    _by(sp.provenance) for sp in spans if sp.end > at and sp.start < end
-                )
+                who = dict.fromkeys(_span_by(s) for s in c.spans if s.end > at and s.start < end)
                 node.add(_line(line.rstrip("\r\n"), (f"  ({', '.join(who)})", "dim")))
                 at = end
             more(node, len(lines[:limit]), len(lines), "lines")

@@ -12,8 +12,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .._render import short as _short
 from ._trace import canon
-from ._views import Cell, Source, _short, cells
+from ._views import Cell, Source, cells
 
 if TYPE_CHECKING:
     from .._store import Store

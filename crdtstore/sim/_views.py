@@ -11,6 +11,9 @@ Every view takes what you have at hand, a *source*:
   default; provenance from the simulator's writes: author, tick and write id);
 - a plain snapshot: ``rec.to_dict()`` or one of ``SimResult.states`` (no provenance).
 
+What a source shows (its cells) is read by ``crdtstore._render``, which the CLI shares;
+this module adds a simulation's provenance and formats the cells.
+
 Tables and diffs render as plain text (``str``) and as HTML in notebooks (``_repr_html_``),
 without pandas or rich. Plots use matplotlib, imported only when a plot is drawn; they return
 the ``Figure`` and leave showing it to the caller. The data behind each plot is available
@@ -19,128 +22,27 @@ separately (:func:`timeline_data`, :func:`conflict_counts`) to test or to plot o
 
 from __future__ import annotations
 
+import dataclasses
 import html
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from .._render import Cell
+from .._render import cells as _cells
+from .._render import short as _short
 from ..record._record import Record
 from ..record._replica import Replica
 from ._check import SEP, WriteRec
 from ._config import SimResult
 from ._trace import canon
 
-if TYPE_CHECKING:
-    pass
+__all__ = ["Cell", "RecordTable", "Source", "cells", "record_table", "record_tree"]
 
 Source = Record | Replica | SimResult | Mapping[str, Any]
 
 
-# -- normalising a source ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Cell:
-    """One value of a record, with where it came from.
-
-    ``kind`` is ``map``, ``keep_all``, ``list`` or ``text``; ``key`` is the map key, the
-    list index (as text) or None for a text. A ``keep_all`` key with several siblings gives
-    one cell per sibling (``token`` tells them apart, ``siblings`` counts them). Provenance
-    fields are None when the source does not know them: ``seq`` is the journal position of
-    the write, ``tick`` and ``write`` the simulated time and write id (simulations only).
-    """
-
-    collection: str
-    kind: str
-    key: str | None
-    value: Any
-    agent: str | None = None
-    source: str | None = None
-    seq: int | None = None
-    wall_time: float | None = None
-    token: str | None = None
-    siblings: int = 1
-    tick: int | None = None
-    write: int | None = None
-
-    @property
-    def conflicted(self) -> bool:
-        return self.siblings > 1
-
-    def provenance_text(self) -> str:
-        parts = []
-        if self.agent is not None:
-            parts.append(self.agent if self.source is None else f"{self.agent} ({self.source})")
-        if self.seq is not None:
-            parts.append(f"seq {self.seq}")
-        if self.tick is not None:
-            parts.append(f"t={self.tick}")
-        if self.write is not None:
-            parts.append(f"write #{self.write}")
-        if self.token is not None:
-            parts.append(f"token {self.token}")
-        return ", ".join(parts)
-
-
-def _is_sibling_entry(value: Any) -> bool:
-    return isinstance(value, dict) and "v" in value and set(value) <= {"v", "a", "s", "t"}
-
-
-def _keep_all_physical(value: Mapping[str, Any]) -> bool:
-    """A replica's raw map that is a keep_all register (``key<US>token -> {v, a, s, t}``)."""
-    return bool(value) and all(SEP in k and _is_sibling_entry(v) for k, v in value.items())
-
-
-def _cells_of_replica(replica: Replica, keep_all: Iterable[str]) -> list[Cell]:
-    declared = set(keep_all)
-    out: list[Cell] = []
-    for name, kind in replica.collections().items():
-        value = replica.read(name, kind)
-        if kind == "map" and (name in declared or _keep_all_physical(value)):
-            groups: dict[str, list[tuple[str, dict[str, Any]]]] = {}
-            for pkey, entry in value.items():
-                key, sep, token = pkey.rpartition(SEP)
-                if sep and _is_sibling_entry(entry):
-                    groups.setdefault(key, []).append((token, entry))
-            for key in sorted(groups):
-                sibs = sorted(groups[key], key=lambda te: (float(te[1].get("t", 0)), te[0]))
-                for token, entry in sibs:
-                    meta = replica.meta(name, f"{key}{SEP}{token}")
-                    out.append(
-                        Cell(
-                            name,
-                            "keep_all",
-                            key,
-                            entry.get("v"),
-                            agent=str(entry.get("a")),
-                            source=str(entry.get("s")),
-                            seq=None if meta is None else meta.seq,
-                            wall_time=float(entry.get("t", 0)),
-                            token=token,
-                            siblings=len(sibs),
-                        )
-                    )
-        elif kind == "map":
-            for key in sorted(value):
-                meta = replica.meta(name, key)
-                out.append(
-                    Cell(
-                        name,
-                        "map",
-                        key,
-                        value[key],
-                        agent=None if meta is None else meta.agent,
-                        source=None if meta is None else meta.source,
-                        seq=None if meta is None else meta.seq,
-                        wall_time=None if meta is None else meta.wall_time,
-                    )
-                )
-        elif kind == "list":
-            out += [Cell(name, "list", str(i), v) for i, v in enumerate(value)]
-        else:
-            out.append(Cell(name, "text", None, value))
-    return out
+# -- a simulation's provenance --------------------------------------------------------------------
 
 
 def _find_write(
@@ -153,80 +55,29 @@ def _find_write(
     return None
 
 
-def _cells_of_state(
-    state: Mapping[str, Any], keep_all: Iterable[str], writes: Sequence[WriteRec] = ()
-) -> list[Cell]:
-    """Cells of a plain snapshot: ``rec.to_dict()`` or a simulator state (its ``keep_all``
-    maps as ``{key: [{"token", "agent", "value"}, ...]}``)."""
-    declared = set(keep_all)
+def _with_writes(cs: list[Cell], writes: Sequence[WriteRec]) -> list[Cell]:
+    """The cells of a simulator state, with the simulated write that put each value there:
+    its author, tick, write id and journal position (``keep_all`` siblings by token, other
+    values by collection, key and value)."""
     by_token = {(w.collection, w.pkey.rpartition(SEP)[2]): w for w in writes if w.pkey is not None}
-
-    def sim_cell(cell: Cell, w: WriteRec | None) -> Cell:
-        if w is None:
-            return cell
-        return Cell(
-            cell.collection,
-            cell.kind,
-            cell.key,
-            cell.value,
-            agent=f"a{w.agent}",
-            source=cell.source,
-            seq=w.seqs[-1] if w.seqs else None,
-            token=cell.token,
-            siblings=cell.siblings,
-            tick=w.tick,
-            write=w.id,
-        )
-
-    out: list[Cell] = []
-    for name in sorted(state):
-        value = state[name]
-        if isinstance(value, str):
-            out.append(Cell(name, "text", None, value))
-        elif isinstance(value, list):
-            for i, v in enumerate(value):
-                cell = Cell(name, "list", str(i), v)
-                out.append(sim_cell(cell, _find_write(writes, name, None, v)))
-        elif isinstance(value, dict) and name in declared:
-            for key in sorted(value):
-                sibs = value[key]
-                if not isinstance(sibs, list):  # a resolved key in to_dict() form
-                    sibs = [{"value": sibs}]
-                for s in sibs:
-                    cell = Cell(
-                        name,
-                        "keep_all",
-                        key,
-                        s.get("value"),
-                        agent=s.get("agent"),
-                        token=s.get("token"),
-                        siblings=len(sibs),
-                    )
-                    out.append(sim_cell(cell, by_token.get((name, str(s.get("token"))))))
-        elif isinstance(value, dict):
-            for key in sorted(value):
-                v = value[key]
-                if isinstance(v, dict) and list(v) == ["__conflict__"]:  # rec.to_dict() form
-                    sibs = v["__conflict__"]
-                    out += [
-                        Cell(
-                            name,
-                            "keep_all",
-                            key,
-                            s.get("value"),
-                            agent=s.get("agent"),
-                            source=s.get("source"),
-                            wall_time=s.get("wall_time"),
-                            token=s.get("token"),
-                            siblings=len(sibs),
-                        )
-                        for s in sibs
-                    ]
-                else:
-                    cell = Cell(name, "map", key, v)
-                    out.append(sim_cell(cell, _find_write(writes, name, key, v)))
+    out = []
+    for c in cs:
+        if c.kind == "keep_all":
+            w = by_token.get((c.collection, str(c.token)))
+        elif c.kind in ("map", "list") and (c.kind == "list" or c.key is not None):
+            w = _find_write(writes, c.collection, None if c.kind == "list" else c.key, c.value)
         else:
-            out.append(Cell(name, "map", None, value))
+            w = None
+        if w is not None:
+            c = dataclasses.replace(
+                c,
+                agent=f"a{w.agent}",
+                seq=w.seqs[-1] if w.seqs else None,
+                wall_time=None,
+                tick=w.tick,
+                write=w.id,
+            )
+        out.append(c)
     return out
 
 
@@ -239,23 +90,19 @@ def cells(source: Source, *, agent: str | None = None, keep_all: Iterable[str] =
     if isinstance(source, SimResult):
         name = agent or min(source.states)
         keep = (*source.config.keep_all, *keep_all)
-        return _cells_of_state(source.states[name], keep, source.writes)
-    if isinstance(source, Record):
-        declared = [
-            n for n in source.collections() if (s := source.spec(n)) and s.conflict == "keep_all"
-        ]
-        return _cells_of_replica(source.replica, [*declared, *keep_all])
-    if isinstance(source, Replica):
-        return _cells_of_replica(source, keep_all)
-    return _cells_of_state(source, keep_all)
+        return _with_writes(_cells(source.states[name], keep), source.writes)
+    return _cells(source, keep_all)
 
 
 # -- tables and trees -------------------------------------------------------------------------
 
 
-def _short(value: Any, width: int) -> str:
-    text = json.dumps(value, ensure_ascii=False, sort_keys=True)
-    return text if len(text) <= width else text[: width - 1] + "…"
+def _key_text(c: Cell) -> str:
+    """A cell's key as a table shows it (a counter's contribution key ``agent<US>client``
+    as ``agent #client``)."""
+    if c.key is None:
+        return ""
+    return c.key.replace(SEP, " #") if c.kind == "counter" else c.key
 
 
 @dataclass(frozen=True)
@@ -271,7 +118,7 @@ class RecordTable:
     def rows(self) -> list[tuple[str, str, str, str, str]]:
         out = []
         for c in self.cells:
-            key = "" if c.key is None else c.key
+            key = _key_text(c)
             if c.conflicted:
                 key = f"{key} [{c.siblings} siblings]"
             out.append(
@@ -330,7 +177,7 @@ class RecordTable:
                         lines.append(f"  {branch} {c.key}: CONFLICT, {c.siblings} siblings")
                     lines.append(f"  │   • {value}  ← {prov}")
                     continue
-                key = f"[{c.key}]" if c.kind == "list" else str(c.key)
+                key = f"[{c.key}]" if c.kind == "list" else _key_text(c) or str(c.key)
                 lines.append(f"  {branch} {key} = {value}" + (f"  ← {prov}" if prov else ""))
         return "\n".join(lines)
 
