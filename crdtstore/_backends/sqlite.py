@@ -237,7 +237,7 @@ class SQLiteJournal(_LoopPath, JournalBackend):
             except OSError as exc:
                 raise BackendError("sqlite", f"cannot open {self.path}: {exc}") from exc
         self._wlock = anyio.Lock()
-        self._alock = anyio.Lock()
+        self._alock = anyio.Lock(fast_acquire=True)  # (no checkpoint when it is free)
 
     async def aclose(self) -> None:
         mine = os.getpid() == self._pid
