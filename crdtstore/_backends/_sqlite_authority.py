@@ -3,18 +3,23 @@ transaction on the store's *authority connection*, held while a guarded write (o
 them, see ``crdtstore.record._guarded_group``) reads the journal and appends, so that no one
 else writes in between.
 
-Everything but a durable commit runs on the event loop thread, as the loop connection's
-appends do (``_sqlite_inline``): the connection has busy timeout 0, and a ``BEGIN`` that finds
-the write lock taken is tried again in short steps (``RETRY_FIRST`` doubling to
-``RETRY_MAX``, for at most ``BUSY_TIMEOUT`` seconds) instead of blocking the loop. The
-statements of a guarded write take tens of microseconds, less than a hop to a worker thread,
-which costs hundreds on a loaded machine. A commit that must sync the log (``durable``, with
-something written) goes to a worker thread: the one hop of a guarded write. The run's head is
-read with the ``BEGIN``: a read past it is answered at once.
+It runs on the event loop thread, as the loop connection's appends do (``_sqlite_inline``):
+busy timeout 0, and a ``BEGIN`` that finds the write lock taken is tried again in short steps
+(``RETRY_FIRST`` doubling to ``RETRY_MAX``, for at most ``BUSY_TIMEOUT`` seconds) instead of
+blocking the loop. The statements of a guarded write take tens of microseconds, less than a
+hop to a worker thread, which costs hundreds on a loaded machine. The run's head is read with
+the ``BEGIN``: a read past it is answered at once.
+
+A durable commit syncs the log. It runs on the loop thread too while the syncs measured lately
+(:class:`SyncEstimate`) took less than :data:`INLINE_SYNC`, less than the hop would add; once
+they are slower (a busy disk) it goes to a worker thread, and the loop never waits for a slow
+sync. The connection never checkpoints on commit; every :data:`CHECKPOINT_EVERY` commits one
+checkpoint runs in a worker thread, so that the log is rewritten in place rather than grown.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import time
@@ -36,6 +41,10 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 INLINE_READ = 256  # an authority's read of at most this many rows runs on the loop thread
+INLINE_SYNC = 0.0005  # seconds: a durable commit measured faster than this runs on the loop
+CHECKPOINT_EVERY = 200  # commits that wrote between two checkpoints of the authority's log
+
+log = logging.getLogger("crdtstore.sqlite")
 
 
 def _translated(exc: sqlite3.Error) -> BackendError:
@@ -171,21 +180,25 @@ class _SQLiteAuthority(Authority):
         return self._now(fn)
 
     async def commit(self) -> None:
-        """Commit: on the loop thread when nothing was written or nothing must be synced, else
-        in a worker thread (the log's sync). Idempotent."""
+        """Commit (see the module docstring: on the loop thread, unless it syncs the log and
+        the syncs measured lately were slow, or it is a commit that checkpoints). Idempotent.
+        """
         if self.committed:
             return
+        estimate = self._j.sync_estimate
+        durable = self._wrote and self._durable
+        checkpoint = self._wrote and estimate.commit_checkpoints()
         try:
-            if self._wrote and self._durable:
-                await self._in_thread(lambda db: db.execute("COMMIT"))
+            if checkpoint or (durable and not estimate.inline()):
+                await self._in_thread(lambda db: _commit(db, estimate if durable else None))
+                if checkpoint:
+                    await self._in_thread(_checkpoint)
             else:
-                self._now(lambda db: db.execute("COMMIT"))
+                self._now(lambda db: _commit(db, estimate if durable else None))
         except BaseException:
             self.rollback()
             raise
         self.committed = True
-        if self._wrote:
-            self._j._loop_committed()
 
     def rollback(self) -> None:
         """Roll back what the transaction wrote (on the loop thread: nothing is synced)."""
@@ -195,6 +208,48 @@ class _SQLiteAuthority(Authority):
                 db.execute("ROLLBACK")
             except sqlite3.Error as exc:
                 raise _translated(exc) from exc
+
+
+class SyncEstimate:
+    """How long a durable commit of the authority connection takes (a moving average of the
+    measured ones), and which commit checkpoints: every :data:`CHECKPOINT_EVERY` commits
+    that wrote, the authority connection (which never checkpoints on commit) checkpoints
+    the log in a worker thread, so that the log is rewritten in place instead of growing
+    (a sync of a growing file also syncs its size: several times slower)."""
+
+    def __init__(self) -> None:
+        self.seconds = INLINE_SYNC  # (until measured: a worker thread)
+        self._commits = 0
+
+    def inline(self) -> bool:
+        """Whether a durable commit now may run on the loop thread."""
+        return self.seconds < INLINE_SYNC
+
+    def add(self, seconds: float) -> None:
+        self.seconds += (seconds - self.seconds) / 8
+
+    def commit_checkpoints(self) -> bool:
+        self._commits += 1
+        return self._commits % CHECKPOINT_EVERY == 0
+
+
+def _commit(db: sqlite3.Connection, estimate: SyncEstimate | None) -> None:
+    """COMMIT, timed into ``estimate`` (a durable one)."""
+    if estimate is None:
+        db.execute("COMMIT")
+        return
+    t0 = time.perf_counter()
+    db.execute("COMMIT")
+    estimate.add(time.perf_counter() - t0)
+
+
+def _checkpoint(db: sqlite3.Connection) -> None:
+    """A passive checkpoint of the log, outside any transaction of this connection (a
+    failure is left to the next one)."""
+    try:
+        db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    except sqlite3.Error as exc:
+        log.debug("checkpoint after a guarded commit skipped: %s", exc)
 
 
 def _check_owner(journal: SQLiteJournal) -> None:

@@ -22,6 +22,9 @@ Several processes on one machine share one store file. The design follows SQLite
   commit (a checkpoint syncs the files: milliseconds); every :data:`CHECKPOINT_EVERY` of its
   commits starts a checkpoint in a background thread on a connection of its own (see
   ``_sqlite_inline._checkpoint_file``);
+- guarded writes take the write lock on a connection of their own, on the event loop thread
+  too (the *authority connection*, ``_sqlite_authority``): only a durable commit whose sync
+  was measured slow goes to a worker thread;
 - ``secure_delete`` so that deleting a run overwrites its bytes instead of leaving them in free
   pages, and a WAL checkpoint after deletes so they do not linger in the log either.
 
@@ -48,6 +51,7 @@ import anyio.to_thread
 from .._errors import BackendError, InvalidValue, UnknownRun
 from .._guarded_append import Guard
 from .._journal import Authority, JournalBackend, NewEntry, Row, RunRow, SnapshotRow
+from ._sqlite_authority import SyncEstimate
 from ._sqlite_authority import _SQLiteAuthority as _SQLiteAuthority
 from ._sqlite_guarded import FenceCheck, guarded_tx
 from ._sqlite_inline import _LoopPath
@@ -79,6 +83,7 @@ class SQLiteJournal(_LoopPath, JournalBackend):
         self._l: _Conn | None = None  # the loop connection (see the module docstring)
         self._a: _Conn | None = None  # the authority connection (``_sqlite_authority``)
         self._alock: anyio.Lock | None = None  # serialises this process's use of _a
+        self.sync_estimate = SyncEstimate()  # how long a durable commit takes (_a's)
         self._inline_commits = 0  # commits on the loop connection since the last checkpoint
         self._checkpointer: threading.Thread | None = None
         self._run_ids: dict[tuple[str, str], int] = {}
@@ -210,7 +215,7 @@ class SQLiteJournal(_LoopPath, JournalBackend):
                 _migrate(opened[0].db)
                 opened.append(_Conn(self.path))
                 opened.append(_Conn(self.path, loop=True))
-                opened.append(_Conn(self.path, loop=True))
+                opened.append(_Conn(self.path, loop=True))  # the authority connection
                 return opened[0], opened[1], opened[2], opened[3]
             except BaseException:
                 for conn in opened:
