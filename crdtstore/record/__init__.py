@@ -10,6 +10,7 @@ tests/project/test_import_graph.py) and crdtstore's lower layers (``_journal``, 
     _record         Record: lifecycle, declarations, collection handles, reads
       _foreign        foreign writes: apply_update, a ws:// client's appends (the hub's)
       _guarded        guarded, fenced, claimed writes; Claim
+      _guarded_group  guarded writes waiting together, decided in one authority transaction
       _pipeline       the write pipeline: _stage -> _enqueue; transaction(), attributed()
       _journal_link   loading, the committer and the tail; flush(), sync(), commit_on_loop()
       _loop_commit    LoopCommit: the group commit on the event loop (a hub's commit policy)

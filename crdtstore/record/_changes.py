@@ -96,7 +96,11 @@ class Changes(Policies):
         its current value (0 if never written; None while that write is not journaled yet,
         call :meth:`flush` first)."""
         meta = self.replica.meta(collection, key)
-        return 0 if meta is None else meta.seq
+        if meta is None:
+            return 0
+        if meta.seq is None and self._inflight:  # appended by an open guarded group
+            return self._inflight.get(id(meta))
+        return meta.seq
 
     def current_version(self, collection: str | None = None) -> Version:
         """The version of the whole record (``collection=None``) or of one collection, as this

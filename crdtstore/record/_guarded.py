@@ -38,12 +38,13 @@ from .._guarded_append import (
     GuardMoved,
     RemoteGuardedAppend,
 )
-from .._journal import Authority, NewEntry, Op
+from .._journal import NewEntry, Op
 from .._models import Version
 from .._names import check_name
 from .._remote_journal import RemoteJournal
 from .._values import from_stored
-from ._pipeline import _TXN, WritePipeline
+from ._guarded_group import GuardedGroups
+from ._pipeline import _TXN
 from ._provenance import Meta
 from ._replica import Replica
 
@@ -53,7 +54,7 @@ if TYPE_CHECKING:
 MAX_MOVES = 32  # guarded appends refused in a row (the key kept moving) before the authority
 
 
-class GuardedWrites(WritePipeline):
+class GuardedWrites(GuardedGroups):
     """Guarded, fenced and claimed writes of a record (see the module docstring)."""
 
     async def _write_guarded(
@@ -89,64 +90,16 @@ class GuardedWrites(WritePipeline):
             )
             if seq is not None:
                 return seq
-        meta: Meta | None = None
-        update: bytes | None = None
-        journaled = False
-        async with self._commit_lock:
-            try:
-                async with self._backend.authority(self.tenant, self._jrun, durable=True) as auth:
-                    # what others journaled is taken in before our own earlier writes are
-                    # appended: a refusal below rolls that append back, and the journal
-                    # position must never pass an entry that is then not there (its
-                    # position is given to the next entry, which would be skipped)
-                    rows = await auth.read(self.applied_seq)
-                    if rows:
-                        await self._apply_remote(rows)
-                    # our own earlier writes go first: the journal order stays causal
-                    batch = list(self._pending)
-                    seqs = await auth.append(self._entries(batch)) if batch else []
-                    if fence is not None:
-                        await self._check_fence(auth, *fence)
-                    version = self._version_with(name, key, batch, seqs)
-                    if expected is not None and version != expected:
-                        raise StaleVersion(name, key, expected, version, current())
-                    if based_on is not None:
-                        now_seq = self._scope_seq(based_on.scope, batch, seqs)
-                        if now_seq != based_on.seq:
-                            scope = None if based_on.scope == "*" else based_on.scope
-                            raise StaleVersion(scope or "*", None, based_on.seq, now_seq)
-                    usage = self._enforce(ops, conditional=True) if self._specs else None
-                    meta = self._new_meta(_time())
-                    try:
-                        update = self.replica.local(ops, apply, meta)
-                    except BaseException:
-                        update, self.replica.partial_update = self.replica.partial_update, None
-                        raise
-                    finally:
-                        self._account(usage)
-                    entry = self._entries([(update, ops, meta)]) if update else []
-                    own = await auth.append_last(entry)  # (and commit, in the same step)
-                    journaled = True
-            except BaseException:
-                if update is not None and meta is not None and not journaled:
-                    # applied to the document but not journaled: keep it for the committer
-                    self._enqueue(update, ops, meta)
-                raise
-            if batch:
-                self._mark_committed(batch, seqs)
-            if update is None or meta is None:
-                return version or 0
-            self._written += 1
-            self._mark_committed_guarded(ops, meta, own[0])
-            if self._subscribers:
-                self._emit(ops, meta.agent, meta.source, own[0], local=True)
-            return own[0]
+        return await self._write_grouped(name, key, expected, ops, apply, current, based_on, fence)
 
     def _atomic_backend(self, fenced: bool) -> AtomicGuardedAppend | None:
         """The journal as an :class:`AtomicGuardedAppend` when it can decide this write's
         guard in its append (a fenced one: when the store's leases live in it); else None."""
         backend = self._backend
-        if not isinstance(backend, AtomicGuardedAppend) or not backend.guard_in_append:
+        # (the attribute first: a Protocol's isinstance check costs tens of microseconds)
+        if not getattr(backend, "guard_in_append", False):
+            return None
+        if not isinstance(backend, AtomicGuardedAppend):
             return None
         if fenced and not backend.hosts_leases(self._store.leases.backend):
             return None
@@ -343,16 +296,6 @@ class GuardedWrites(WritePipeline):
         except CollectionKindMismatch:
             return None
         return from_stored(value)
-
-    async def _check_fence(self, auth: Authority, lease: Lease, resource: str) -> None:
-        """The lease fencing check, inside the authority transaction of the write it guards:
-        the lease must still be granted, cover ``resource`` and hold the newest token."""
-        await self._check_fence_ids(auth, lease.lease_id, lease.token, resource)
-
-    async def _check_fence_ids(
-        self, auth: Authority, lease_id: str, token: int, resource: str
-    ) -> None:
-        await self._store.leases.backend.check_within(auth, self.tenant, lease_id, resource, token)
 
     def fenced_resource(self, collection: str, key: str, lease: Lease) -> str:
         """The resource a fenced write of ``collection[key]`` is checked against: the key as a

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from .._store import Store
     from ._changes import _Subscriber
     from ._foreign import _FastAppend
+    from ._guarded_group import _Waiting
     from ._loop_commit import CommitObserver, LoopCommit
     from ._maps import MapCollection
 
@@ -106,6 +107,11 @@ class RecordState:
         self._fast: dict[int, tuple[_FastAppend, int, int]] = {}
         self.fast_appends = 0  # external appends journaled without an authority txn (tests)
         self.applied_seq = 0  # highest journal position this replica has taken in
+        # guarded writes waiting for their group, whether one is under way, and the journal
+        # positions an open group gave its entries, by id() of their Meta (_guarded_group)
+        self._guard_queue: deque[_Waiting] = deque()
+        self._guard_leading = False
+        self._inflight: dict[int, int] = {}
         self._subscribers: _List[_Subscriber] = []
         self._txn_task: object | None = None  # the marker of the open transaction
         self._txn_ops: _List[Op] = []

@@ -213,6 +213,7 @@ RECORD_LAYERS = [
     "_record",
     "_foreign",
     "_guarded",
+    "_guarded_group",
     "_pipeline",
     "_journal_link",
     "_loop_commit",

@@ -1,17 +1,38 @@
-"""The SQLite journal's :class:`~crdtstore._journal.Authority`: reads and appends inside the
-one write transaction that ``SQLiteJournal.authority`` holds open on the write connection (a
-guarded write reads the journal and appends without anyone else writing in between). The
-run's head is read with the ``BEGIN``: a read past it is answered without a worker-thread hop.
+"""The SQLite journal's :class:`~crdtstore._journal.Authority`: one ``BEGIN IMMEDIATE``
+transaction on the store's *authority connection*, held while a guarded write (or a group of
+them, see ``crdtstore.record._guarded_group``) reads the journal and appends, so that no one
+else writes in between.
+
+It runs on the event loop thread, as the loop connection's appends do (``_inline``):
+busy timeout 0, and a ``BEGIN`` that finds the write lock taken is tried again in short steps
+(``RETRY_FIRST`` doubling to ``RETRY_MAX``, for at most ``BUSY_TIMEOUT`` seconds) instead of
+blocking the loop. The statements of a guarded write take tens of microseconds, less than a
+hop to a worker thread, which costs hundreds on a loaded machine. The run's head is read with
+the ``BEGIN``: a read past it is answered at once.
+
+A durable commit syncs the log. It runs on the loop thread too while the syncs measured lately
+(:class:`SyncEstimate`) took less than :data:`INLINE_SYNC`, less than the hop would add; once
+they are slower (a busy disk) it goes to a worker thread, and the loop never waits for a slow
+sync. The connection never checkpoints on commit; every :data:`CHECKPOINT_EVERY` commits one
+checkpoint runs in a worker thread, so that the log is rewritten in place rather than grown.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import sqlite3
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import anyio
+import anyio.to_thread
+
+from ..._errors import BackendError
 from ..._journal import Authority, NewEntry, Row
 from ._rows import _COLS, _append_tx, _rows
-from ._schema import _Conn, _dumps
+from ._schema import _Conn, _dumps, _is_busy
 
 if TYPE_CHECKING:
     from ._journal import SQLiteJournal
@@ -19,8 +40,21 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+INLINE_READ = 256  # an authority's read of at most this many rows runs on the loop thread
+INLINE_SYNC = 0.0005  # seconds: a durable commit measured faster than this runs on the loop
+CHECKPOINT_EVERY = 200  # commits that wrote between two checkpoints of the authority's log
+
+log = logging.getLogger("crdtstore.sqlite")
+
+
+def _translated(exc: sqlite3.Error) -> BackendError:
+    return BackendError("sqlite", f"{type(exc).__name__}: {exc}")
+
 
 class _SQLiteAuthority(Authority):
+    """An open write transaction on the authority connection (see the module docstring);
+    made by :meth:`begin`, ended by :meth:`commit` or :meth:`rollback`."""
+
     def __init__(
         self,
         journal: SQLiteJournal,
@@ -29,54 +63,195 @@ class _SQLiteAuthority(Authority):
         run: str,
         rid: int,
         head: int | None = None,
+        durable: bool = True,
     ) -> None:
         self._j = journal
         self._conn = conn
         self._tenant = tenant
         self._run = run
         self._rid = rid
+        self._durable = durable
         self.committed = False  # append_last committed: leaving the context only ends it
         self._head = head  # the run's head while nothing was appended here (None: unknown)
+        self._wrote = False  # something was appended or run_sync ran (the commit may sync)
+
+    @classmethod
+    async def begin(
+        cls,
+        journal: SQLiteJournal,
+        conn: _Conn,
+        tenant: str,
+        run: str,
+        rid: int,
+        *,
+        durable: bool,
+        retry_first: float,
+        retry_max: float,
+        busy_timeout: float,
+    ) -> _SQLiteAuthority:
+        """``BEGIN IMMEDIATE`` on ``conn`` on the loop thread, tried again while the write
+        lock is taken; the run's head read in the same step.
+
+        Raises:
+            BackendError: the lock stayed taken for ``busy_timeout`` seconds, or SQLite failed.
+        """
+        db = conn.db
+        want = "FULL" if durable else "NORMAL"
+        deadline = time.monotonic() + busy_timeout
+        delay = retry_first
+        while True:
+            _check_owner(journal)
+            try:
+                if conn.synchronous != want:
+                    db.execute(f"PRAGMA synchronous={want}")
+                    conn.synchronous = want
+                db.execute("BEGIN IMMEDIATE")
+                row = db.execute("SELECT head FROM runs WHERE id = ?", (rid,)).fetchone()
+                head = None if row is None else int(row[0])
+                return cls(journal, conn, tenant, run, rid, head, durable)
+            except sqlite3.Error as exc:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                if not _is_busy(exc):
+                    raise _translated(exc) from exc
+            if time.monotonic() >= deadline:
+                raise BackendError(
+                    "sqlite", f"database is locked (a guarded write waited {busy_timeout:g} s)"
+                )
+            await anyio.sleep(delay)
+            delay = min(delay * 2, retry_max)
+
+    def _now(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """``fn(db)`` inside the transaction, on the loop thread."""
+        try:
+            return fn(self._conn.db)
+        except sqlite3.Error as exc:
+            raise _translated(exc) from exc
+
+    async def _in_thread(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """``fn(db)`` inside the transaction, in a worker thread (the loop does not touch the
+        connection meanwhile: its authority waits for this)."""
+        db = self._conn.db
+
+        def run() -> T:
+            try:
+                return fn(db)
+            except sqlite3.Error as exc:
+                raise _translated(exc) from exc
+
+        with anyio.CancelScope(shield=True):
+            out = await anyio.to_thread.run_sync(run)
+        return out
 
     async def read(self, after: int) -> list[Row]:
-        if self._head is not None and after >= self._head:
+        head = self._head
+        if head is not None and after >= head:
             return []  # nothing past the head, which no one else can move now
         rid = self._rid
-        raw = await self._j._call(
-            self._conn,
-            lambda db: db.execute(
+
+        def fetch(db: sqlite3.Connection) -> list[Any]:
+            return db.execute(
                 f"SELECT {_COLS} FROM journal WHERE run_id = ? AND seq > ? ORDER BY seq",
                 (rid, after),
-            ).fetchall(),
-            in_authority=True,
-        )
-        return _rows(raw)
+            ).fetchall()
+
+        if head is not None and head - after <= INLINE_READ:
+            return _rows(self._now(fetch))
+        return _rows(await self._in_thread(fetch))
 
     async def append(self, entries: Sequence[NewEntry]) -> list[int]:
         if not entries:
             return []
         effects = [_dumps(e.effect) for e in entries]
         self._head = None
-        return await self._j._call(
-            self._conn,
-            lambda db: _append_tx(db, self._tenant, self._run, self._rid, entries, effects),
-            in_authority=True,
-        )
+        self._wrote = True
+        tenant, run, rid = self._tenant, self._run, self._rid
+        return self._now(lambda db: _append_tx(db, tenant, run, rid, entries, effects))
 
     async def append_last(self, entries: Sequence[NewEntry]) -> list[int]:
-        if not entries:
-            return []
-        effects = [_dumps(e.effect) for e in entries]
-        self._head = None
-
-        def tx(db: Any) -> list[int]:
-            seqs = _append_tx(db, self._tenant, self._run, self._rid, entries, effects)
-            db.execute("COMMIT")
-            self.committed = True
-            return seqs
-
-        return await self._j._call(self._conn, tx, in_authority=True)
+        seqs = await self.append(entries)
+        if seqs:
+            await self.commit()
+        return seqs
 
     async def run_sync(self, fn: Callable[[Any], T]) -> T:
         self._head = None  # (fn may write)
-        return await self._j._call(self._conn, fn, in_authority=True)
+        self._wrote = True
+        return self._now(fn)
+
+    async def commit(self) -> None:
+        """Commit (see the module docstring: on the loop thread, unless it syncs the log and
+        the syncs measured lately were slow, or it is a commit that checkpoints). Idempotent.
+        """
+        if self.committed:
+            return
+        estimate = self._j.sync_estimate
+        durable = self._wrote and self._durable
+        checkpoint = self._wrote and estimate.commit_checkpoints()
+        try:
+            if checkpoint or (durable and not estimate.inline()):
+                await self._in_thread(lambda db: _commit(db, estimate if durable else None))
+                if checkpoint:
+                    await self._in_thread(_checkpoint)
+            else:
+                self._now(lambda db: _commit(db, estimate if durable else None))
+        except BaseException:
+            self.rollback()
+            raise
+        self.committed = True
+
+    def rollback(self) -> None:
+        """Roll back what the transaction wrote (on the loop thread: nothing is synced)."""
+        db = self._conn.db
+        if not self.committed and db.in_transaction:
+            try:
+                db.execute("ROLLBACK")
+            except sqlite3.Error as exc:
+                raise _translated(exc) from exc
+
+
+class SyncEstimate:
+    """How long a durable commit of the authority connection takes (a moving average of the
+    measured ones), and which commit checkpoints: every :data:`CHECKPOINT_EVERY` commits
+    that wrote, the authority connection (which never checkpoints on commit) checkpoints
+    the log in a worker thread, so that the log is rewritten in place instead of growing
+    (a sync of a growing file also syncs its size: several times slower)."""
+
+    def __init__(self) -> None:
+        self.seconds = INLINE_SYNC  # (until measured: a worker thread)
+        self._commits = 0
+
+    def inline(self) -> bool:
+        """Whether a durable commit now may run on the loop thread."""
+        return self.seconds < INLINE_SYNC
+
+    def add(self, seconds: float) -> None:
+        self.seconds += (seconds - self.seconds) / 8
+
+    def commit_checkpoints(self) -> bool:
+        self._commits += 1
+        return self._commits % CHECKPOINT_EVERY == 0
+
+
+def _commit(db: sqlite3.Connection, estimate: SyncEstimate | None) -> None:
+    """COMMIT, timed into ``estimate`` (a durable one)."""
+    if estimate is None:
+        db.execute("COMMIT")
+        return
+    t0 = time.perf_counter()
+    db.execute("COMMIT")
+    estimate.add(time.perf_counter() - t0)
+
+
+def _checkpoint(db: sqlite3.Connection) -> None:
+    """A passive checkpoint of the log, outside any transaction of this connection (a
+    failure is left to the next one)."""
+    try:
+        db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    except sqlite3.Error as exc:
+        log.debug("checkpoint after a guarded commit skipped: %s", exc)
+
+
+def _check_owner(journal: SQLiteJournal) -> None:
+    if os.getpid() != journal._pid:
+        raise BackendError("sqlite", "store object used after fork; open the store again")

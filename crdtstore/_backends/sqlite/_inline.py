@@ -108,6 +108,13 @@ class _LoopPath:
                 raise
         finally:
             conn.lock.release()
+        self._loop_committed()
+        return seqs
+
+    def _loop_committed(self) -> None:
+        """Count a commit of a connection that never checkpoints (the loop connection's, the
+        authority connection's); every :data:`CHECKPOINT_EVERY` of them, start a background
+        checkpoint."""
         self._inline_commits += 1
         if self._inline_commits >= CHECKPOINT_EVERY and (
             self._checkpointer is None or not self._checkpointer.is_alive()
@@ -117,7 +124,6 @@ class _LoopPath:
                 target=_checkpoint_file, args=(self.path,), name="crdtstore-checkpoint"
             )
             self._checkpointer.start()
-        return seqs
 
     def _loop_conn(self) -> _Conn:
         if self._l is None:

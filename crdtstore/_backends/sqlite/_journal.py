@@ -38,11 +38,12 @@ import anyio.to_thread
 from ..._errors import BackendError, InvalidValue, UnknownRun
 from ..._guarded_append import Guard
 from ..._journal import Authority, JournalBackend, NewEntry, Row, RunRow, SnapshotRow
+from ._authority import SyncEstimate
 from ._authority import _SQLiteAuthority as _SQLiteAuthority
 from ._guarded import FenceCheck, guarded_tx
 from ._inline import _LoopPath
 from ._rows import _COLS, _append_tx, _rows
-from ._schema import _SCHEMA, _Conn, _dumps, _is_busy, _migrate, _rollback
+from ._schema import _SCHEMA, _Conn, _dumps, _is_busy, _migrate
 from ._schema import sqlite_path as sqlite_path
 
 log = logging.getLogger("crdtstore.sqlite")
@@ -67,6 +68,9 @@ class SQLiteJournal(_LoopPath, JournalBackend):
         self._w: _Conn | None = None
         self._r: _Conn | None = None
         self._l: _Conn | None = None  # the loop connection (see the module docstring)
+        self._a: _Conn | None = None  # the authority connection (``_authority``)
+        self._alock: anyio.Lock | None = None  # serialises this process's use of _a
+        self.sync_estimate = SyncEstimate()  # how long a durable commit takes (_a's)
         self._inline_commits = 0  # commits on the loop connection since the last checkpoint
         self._checkpointer: threading.Thread | None = None
         self._run_ids: dict[tuple[str, str], int] = {}
@@ -132,30 +136,32 @@ class SQLiteJournal(_LoopPath, JournalBackend):
 
     @asynccontextmanager
     async def authority(self, tenant: str, run: str, *, durable: bool) -> AsyncIterator[Authority]:
+        """The write transaction on the authority connection, on the loop thread but for a
+        durable commit (``_authority``); this process's authorities take turns."""
         rid = await self._run_id(tenant, run)
-        conn = self._w
-        if conn is None or self._wlock is None:
+        if self._a is None or self._alock is None:
             raise BackendError("sqlite", "store is not open")
-        async with self._wlock:
-
-            def begin(db: sqlite3.Connection) -> int | None:
-                self._begin(conn, db, durable)
-                # the run's head, read under the lock: a read past it needs no hop of its own
-                row = db.execute("SELECT head FROM runs WHERE id = ?", (rid,)).fetchone()
-                return None if row is None else int(row[0])
-
-            head = await self._call(conn, begin)
-            auth = _SQLiteAuthority(self, conn, tenant, run, rid, head)
+        async with self._alock:
+            conn = self._a
+            if conn is None:
+                raise BackendError("sqlite", "store is not open")
+            auth = await _SQLiteAuthority.begin(
+                self,
+                conn,
+                tenant,
+                run,
+                rid,
+                durable=durable,
+                retry_first=RETRY_FIRST,
+                retry_max=RETRY_MAX,
+                busy_timeout=BUSY_TIMEOUT,
+            )
             try:
                 yield auth
             except BaseException:
-                if not auth.committed:
-                    with anyio.CancelScope(shield=True):
-                        await self._call(conn, _rollback)
+                auth.rollback()
                 raise
-            if not auth.committed:
-                with anyio.CancelScope(shield=True):
-                    await self._call(conn, lambda db: db.execute("COMMIT"))
+            await auth.commit()
 
     async def get_config(self, tenant: str, run: str) -> dict[str, Any]:
         rid = await self._run_id(tenant, run)
@@ -195,7 +201,7 @@ class SQLiteJournal(_LoopPath, JournalBackend):
         if self._w is not None:
             return
 
-        def connect() -> tuple[_Conn, _Conn, _Conn]:
+        def connect() -> tuple[_Conn, _Conn, _Conn, _Conn]:
             opened: list[_Conn] = []
             try:
                 opened.append(_Conn(self.path))
@@ -203,7 +209,8 @@ class SQLiteJournal(_LoopPath, JournalBackend):
                 _migrate(opened[0].db)
                 opened.append(_Conn(self.path))
                 opened.append(_Conn(self.path, loop=True))
-                return opened[0], opened[1], opened[2]
+                opened.append(_Conn(self.path, loop=True))  # the authority connection
+                return opened[0], opened[1], opened[2], opened[3]
             except BaseException:
                 for conn in opened:
                     conn.close()
@@ -217,7 +224,7 @@ class SQLiteJournal(_LoopPath, JournalBackend):
         while True:
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._w, self._r, self._l = await anyio.to_thread.run_sync(connect)
+                self._w, self._r, self._l, self._a = await anyio.to_thread.run_sync(connect)
                 break
             except sqlite3.Error as exc:
                 if _is_busy(exc) and time.monotonic() < deadline:
@@ -229,15 +236,16 @@ class SQLiteJournal(_LoopPath, JournalBackend):
             except OSError as exc:
                 raise BackendError("sqlite", f"cannot open {self.path}: {exc}") from exc
         self._wlock = anyio.Lock()
+        self._alock = anyio.Lock(fast_acquire=True)  # (no checkpoint when it is free)
 
     async def aclose(self) -> None:
         mine = os.getpid() == self._pid
-        for conn in (self._w, self._r, self._l):
+        for conn in (self._w, self._r, self._l, self._a):
             if conn is not None and mine:
                 conn.close()
         if self._lease_db is not None and mine:
             self._lease_db.close()
-        self._w = self._r = self._l = self._lease_db = None
+        self._w = self._r = self._l = self._a = self._lease_db = None
         checkpointer, self._checkpointer = self._checkpointer, None
         if checkpointer is not None and mine:
             with anyio.CancelScope(shield=True):

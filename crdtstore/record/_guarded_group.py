@@ -1,0 +1,355 @@
+"""Guarded writes decided in groups: the guarded writes of a record that wait at the same time
+share one authority transaction (issue 20).
+
+A guarded write joins the record's queue; the first one finds no group under way and leads:
+it opens the store's authority (SQLite: one ``BEGIN IMMEDIATE`` transaction), applies what
+others journaled, and decides the waiting writes one by one in the order they came, each
+against the version it names (``expected_version``, ``based_on``, a fence) as it stands
+after the writes decided before it. A refused write is told at once, with the true current
+version (:class:`~crdtstore.StaleVersion`), and blocks none of the others; an accepted one
+is applied and appended. Writes that come while the group decides (a refused writer that
+reads again and retries) are decided in the same transaction, for a few rounds. The group
+then commits once (SQLite: one sync of the log, the one worker-thread hop) and the accepted
+writes return their journal positions; so the cost of a transaction is shared by every
+write that waited for it.
+
+Within the transaction an accepted write's position is known before the commit: the record's
+:meth:`~._changes.Changes.version` names it (``_inflight``), so a write that read the key
+after it names the version it will have. If the commit fails, every write of the group gets
+the error, and what they applied to the document is journaled by the committer later (pycrdt
+has no rollback), as a guarded write whose append fails always was.
+"""
+
+from __future__ import annotations
+
+from builtins import list as _List
+from collections.abc import Callable
+from time import time as _time
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.lowlevel
+
+from .._errors import StaleVersion
+from .._journal import Authority, Op
+from .._models import Version
+from ._pipeline import WritePipeline
+from ._provenance import Meta
+
+if TYPE_CHECKING:
+    from .._leases import Lease
+
+GROUP_ROUNDS = 8  # rounds of late-coming writes one transaction takes in (then it commits)
+
+_Entry = tuple[bytes, _List[Op], Meta]
+
+
+class _Waiting:
+    """One guarded write in the queue, and its outcome (``seq`` or ``error``)."""
+
+    __slots__ = (
+        "apply",
+        "based_on",
+        "current",
+        "done",
+        "error",
+        "event",
+        "expected",
+        "fence",
+        "key",
+        "lead",
+        "meta",
+        "name",
+        "ops",
+        "seq",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        key: str,
+        expected: int | None,
+        ops: _List[Op],
+        apply: Callable[[], None],
+        current: Callable[[], Any],
+        based_on: Version | None,
+        fence: tuple[Lease, str] | None,
+        meta: Meta,
+    ) -> None:
+        self.name = name
+        self.key = key
+        self.expected = expected
+        self.ops = ops
+        self.apply = apply
+        self.current = current
+        self.based_on = based_on
+        self.fence = fence
+        self.meta = meta  # made in the writer's task: its attribution (Record.attributed)
+        self.event: anyio.Event | None = None  # set when decided, or asked to lead
+        self.done = False
+        self.lead = False  # the group before ended: this write leads the next one
+        self.seq = 0
+        self.error: BaseException | None = None
+
+    def settle(self, seq: int = 0, error: BaseException | None = None) -> None:
+        self.seq, self.error, self.done = seq, error, True
+        if self.event is not None:
+            self.event.set()
+
+    def outcome(self) -> int:
+        if self.error is not None:
+            raise self.error
+        return self.seq
+
+
+class _NothingAccepted(Exception):
+    """Every write of a group was refused: its transaction is rolled back, so a refusal
+    changes nothing (the record's pending entries it appended stay the committer's)."""
+
+
+class _Txn:
+    """What one group appended, in journal order: the record's own pending entries and the
+    accepted guarded writes (with their waiting writes; None for a pending entry)."""
+
+    def __init__(self) -> None:
+        self.entries: _List[_Entry] = []
+        self.seqs: _List[int] = []
+        self.writes: _List[_Waiting | None] = []
+        self.pending = 0  # how many of the record's pending entries are among them
+        self.unchanged: _List[tuple[_Waiting, int]] = []  # accepted, nothing to write
+
+
+class GuardedGroups(WritePipeline):
+    """The grouped decision of a record's guarded writes (see the module docstring)."""
+
+    async def _write_grouped(
+        self,
+        name: str,
+        key: str,
+        expected: int | None,
+        ops: _List[Op],
+        apply: Callable[[], None],
+        current: Callable[[], Any],
+        based_on: Version | None,
+        fence: tuple[Lease, str] | None,
+    ) -> int:
+        """Queue a guarded write and return its journal position once its group committed
+        (or raise its refusal); lead the group if none is under way."""
+        w = _Waiting(
+            name, key, expected, ops, apply, current, based_on, fence, self._new_meta(_time())
+        )
+        self._guard_queue.append(w)
+        if self._guard_leading:
+            w.event = anyio.Event()
+            try:
+                await w.event.wait()
+            except BaseException:
+                self._leave_queue(w)
+                raise
+            if w.done:
+                return w.outcome()
+        self._guard_leading = True  # (asked to lead: it is set already)
+        try:
+            while not w.done:
+                while self._txn_task is not None:  # never inside a local transaction
+                    await self._txn_idle.wait()
+                await self._decide_group()
+        except BaseException:
+            if w in self._guard_queue:
+                self._guard_queue.remove(w)
+            raise
+        finally:
+            w.lead = False
+            self._hand_over()
+        return w.outcome()
+
+    def _leave_queue(self, w: _Waiting) -> None:
+        """A waiting write gives up (cancelled): out of the queue, and if it was asked to lead,
+        the next one leads. One already taken into a group is decided all the same."""
+        queue = self._guard_queue
+        if w in queue:
+            queue.remove(w)
+        if w.lead and not w.done:
+            w.lead = False
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        """The group ended: the first waiting write leads the next one, if any."""
+        queue = self._guard_queue
+        for nxt in queue:
+            if not nxt.done:
+                nxt.lead = True
+                if nxt.event is not None:
+                    nxt.event.set()
+                return
+        self._guard_leading = False
+
+    async def _decide_group(self) -> None:
+        """One group: decide the queued writes inside one authority transaction, then commit
+        (see the module docstring)."""
+        queue = self._guard_queue
+        txn = _Txn()
+        taken: _List[_Waiting] = []
+        try:
+            async with (
+                self._commit_lock,
+                self._backend.authority(self.tenant, self._jrun, durable=True) as auth,
+            ):
+                # what others journaled is taken in before our own writes are appended: see
+                # test_guarded_rollback (a position must never pass an entry not there)
+                rows = await auth.read(self.applied_seq)
+                if rows:
+                    await self._apply_remote(rows)
+                # from the first write applied on, the group is seen through: no cancellation
+                # between a write applied to the document and its journal entry
+                with anyio.CancelScope(shield=True):
+                    for _ in range(GROUP_ROUNDS):
+                        if not queue or self._txn_task is not None:
+                            break
+                        batch = [w for w in queue if not w.done]
+                        queue.clear()
+                        taken += batch
+                        refused = False
+                        for w in batch:
+                            await self._append_pending(auth, txn)
+                            if not await self._decide(auth, txn, w):
+                                refused = True
+                        if not refused:
+                            break
+                        # the refused writers read again and retry: into this transaction
+                        await anyio.lowlevel.checkpoint()
+                    if txn.pending == len(txn.entries) and not txn.unchanged:
+                        raise _NothingAccepted  # every write refused: the append is undone
+                    await self._append_pending(auth, txn)  # plain writes made meanwhile
+        except _NothingAccepted:
+            self._inflight.clear()  # (the committer journals the pending entries)
+            return
+        except BaseException as exc:
+            self._inflight.clear()
+            self._requeue(txn)
+            for w in taken:
+                if not w.done:
+                    w.settle(error=exc)
+            raise
+        self._inflight.clear()
+        self._committed_group(txn)
+
+    async def _append_pending(self, auth: Authority, txn: _Txn) -> None:
+        """Append the record's own entries made since the group's last append (plain writes,
+        and what a failed apply left): the journal order stays the order they were made in."""
+        pending = self._pending
+        if len(pending) <= txn.pending:
+            return
+        new = list(pending)[txn.pending :]
+        seqs = await auth.append(self._entries(new))
+        txn.pending += len(new)
+        inflight = self._inflight
+        for entry, seq in zip(new, seqs, strict=True):
+            inflight[id(entry[2])] = seq
+        txn.entries += new
+        txn.seqs += seqs
+        txn.writes += [None] * len(new)
+
+    async def _decide(self, auth: Authority, txn: _Txn, w: _Waiting) -> bool:
+        """Decide one write against the state the transaction has reached: refuse it (told at
+        once; False), or apply and append it (True)."""
+        usage = None
+        try:
+            if w.fence is not None:
+                await self._check_fence(auth, *w.fence)
+            version = self.version(w.name, w.key)
+            if w.expected is not None and version != w.expected:
+                raise StaleVersion(w.name, w.key, w.expected, version, w.current())
+            based_on = w.based_on
+            if based_on is not None:
+                now_seq = self._scope_seq(based_on.scope, txn.entries, txn.seqs)
+                if now_seq != based_on.seq:
+                    scope = None if based_on.scope == "*" else based_on.scope
+                    raise StaleVersion(scope or "*", None, based_on.seq, now_seq)
+            usage = self._enforce(w.ops, conditional=True) if self._specs else None
+            try:
+                update = self.replica.local(w.ops, w.apply, w.meta)
+            except BaseException:
+                partial, self.replica.partial_update = self.replica.partial_update, None
+                if partial is not None:  # applied in part: journaled (no rollback)
+                    self._enqueue(partial, w.ops, w.meta)
+                raise
+            finally:
+                self._account(usage)
+        except Exception as exc:
+            w.settle(error=exc)
+            return False
+        if update is None:  # it changes nothing: only the guard was checked
+            txn.unchanged.append((w, version or 0))
+            return True
+        entry = (update, w.ops, w.meta)
+        (seq,) = await auth.append(self._entries([entry]))
+        self._inflight[id(w.meta)] = seq
+        txn.entries.append(entry)
+        txn.seqs.append(seq)
+        txn.writes.append(w)
+        return True
+
+    def _requeue(self, txn: _Txn) -> None:
+        """The group failed: nothing of it was journaled. Queue its accepted writes (they are
+        in the document) for the committer, in the group's order and before what was written
+        after it, so that the journal order stays causal."""
+        accepted = [e for e, w in zip(txn.entries, txn.writes, strict=True) if w is not None]
+        if not accepted:
+            return
+        pending = self._pending
+        later = list(pending)[txn.pending :]  # (its first txn.pending are the group's)
+        pending.clear()
+        pending.extend(txn.entries)
+        pending.extend(later)
+        self._written += len(accepted)
+        stamps = self._stamps
+        if stamps:
+            for _, ops, _ in accepted:
+                for op in ops:
+                    stamps[op[1]] = stamps.get(op[1], 0) + 1
+        if self._committer_idle:
+            self._committer_idle = False
+            self._pending_event.set()
+
+    def _committed_group(self, txn: _Txn) -> None:
+        """The group committed: mark its entries journaled (as the committer's
+        ``_mark_committed`` does), and give the writes their positions."""
+        entries, seqs = txn.entries, txn.seqs
+        if entries:
+            pending = self._pending
+            for _ in range(txn.pending):
+                pending.popleft()
+            self.replica.journaled_many(entries, seqs)
+            if self._fast and txn.pending:  # (appends of other writers among them)
+                mine = [i for i, w in enumerate(txn.writes) if w is None]
+                self._fast_committed([entries[i] for i in mine], [seqs[i] for i in mine])
+            accepted = len(entries) - txn.pending
+            self._written += accepted
+            self._committed += len(entries)
+            # the group's positions follow one another from the head it read
+            if seqs[0] == self.applied_seq + 1:
+                self.applied_seq = seqs[-1]
+            self._fire_commit()
+            last = seqs[-1]
+            own_watch = self._watch if last == self.applied_seq else None
+            self._store._notifier.notify(self.tenant, self._jrun, last, own=own_watch)
+            self._store._after_commit(self._jrun, last)
+        for entry, seq, w in zip(entries, seqs, txn.writes, strict=True):
+            if w is None:
+                continue
+            if self._subscribers:
+                self._emit(entry[1], entry[2].agent, entry[2].source, seq, local=True)
+            w.settle(seq)
+        for w, version in txn.unchanged:
+            w.settle(version)
+
+    async def _check_fence(self, auth: Authority, lease: Lease, resource: str) -> None:
+        """The lease fencing check, inside the authority transaction of the write it guards:
+        the lease must still be granted, cover ``resource`` and hold the newest token."""
+        await self._check_fence_ids(auth, lease.lease_id, lease.token, resource)
+
+    async def _check_fence_ids(
+        self, auth: Authority, lease_id: str, token: int, resource: str
+    ) -> None:
+        await self._store.leases.backend.check_within(auth, self.tenant, lease_id, resource, token)

@@ -1,0 +1,168 @@
+"""Guarded writes of one record that wait at the same time share one authority transaction
+(``crdtstore.record._guarded_group``), on every backend with an authority: each is decided in
+order against the version it names, a refusal is told the true current version and blocks
+no other write, a refused writer's retry joins the transaction under way, and a group that
+accepts nothing rolls back. Across processes: tests/test_guarded_interleavings.py."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+import crdtstore
+from crdtstore import StaleVersion
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return "memory://" if request.param == "memory" else f"sqlite:///{tmp_path}/s.db"
+
+
+def count_transactions(store: crdtstore.Store, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the authority transactions the store's journal opens."""
+    backend = store.backend
+    opened = [0]
+    authority = backend.authority
+
+    @asynccontextmanager
+    async def counted(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        opened[0] += 1
+        async with authority(*args, **kwargs) as auth:
+            yield auth
+
+    monkeypatch.setattr(backend, "authority", counted)
+    return opened
+
+
+async def test_writes_waiting_together_share_one_transaction(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with (
+        crdtstore.open_store(url) as store,
+        store.open_record("r", "a") as rec,
+    ):
+        m = rec.map("m")
+        opened = count_transactions(store, monkeypatch)
+        seqs: dict[str, int] = {}
+
+        async def write(key: str) -> None:
+            await m.set(key, key.upper(), expected_version=0)
+            seqs[key] = m.get_versioned(key)[1] or -1
+
+        async with anyio.create_task_group() as tg:
+            for i in range(8):
+                tg.start_soon(write, f"k{i}")
+        # (on SQLite the first write leads a group alone, the seven that queue meanwhile
+        # share the next one; the memory journal's lock lets all eight queue first)
+        assert opened[0] <= 2
+        assert sorted(seqs.values()) == list(range(1, 9))
+        journal = await rec.journal()
+        assert [(e.seq, e.effect[0][3]) for e in journal] == sorted((s, k) for k, s in seqs.items())
+
+
+async def test_each_write_is_decided_on_the_version_it_names_in_order(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with (
+        crdtstore.open_store(url) as store,
+        store.open_record("r", "a") as rec,
+    ):
+        m = rec.map("m")
+        await m.set("k", "v0", expected_version=0)
+        (v1,) = [e.seq for e in await rec.journal()]
+        opened = count_transactions(store, monkeypatch)
+        outcomes: dict[str, Any] = {}
+
+        async def write(name: str, key: str, named: int) -> None:
+            try:
+                await m.set(key, name, expected_version=named)
+            except StaleVersion as exc:
+                outcomes[name] = ("stale", exc.current_version, exc.current_value)
+            else:
+                outcomes[name] = ("ok", m.get_versioned(key)[1])
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(write, "lead", "other", 0)  # leads a group of its own
+            await anyio.lowlevel.checkpoint()
+            tg.start_soon(write, "first", "k", v1)  # then these wait together, both naming v1
+            tg.start_soon(write, "second", "k", v1)
+            tg.start_soon(write, "old", "k", 0)
+            tg.start_soon(write, "fresh", "new", 0)  # not blocked by any refusal before it
+        assert opened[0] <= 2
+        # whichever of the two naming v1 was decided first won; the other one was refused
+        # with the winner's version and value, the write naming 0 with the version current
+        # when it was decided (the order the tasks came in is the event loop's)
+        (won,) = [n for n in ("first", "second") if outcomes[n][0] == "ok"]
+        (lost,) = {"first", "second"} - {won}
+        won_seq = outcomes[won][1]
+        assert outcomes[lost] == ("stale", won_seq, won)
+        assert outcomes["old"] in (("stale", v1, "v0"), ("stale", won_seq, won))
+        assert outcomes["fresh"][0] == "ok"
+        assert m.to_dict() == {"k": won, "other": "lead", "new": "fresh"}
+        assert len(await rec.journal()) == 4  # v0, lead, the winner, fresh: no refused write
+
+
+async def test_a_refused_writer_retries_into_the_transaction_under_way(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eight writers increment one counter, each retrying on the version its refusal
+    reported: every increment lands, in fewer transactions than increments."""
+    async with (
+        crdtstore.open_store(url) as store,
+        store.open_record("r", "a") as rec,
+    ):
+        m = rec.map("m")
+        await m.set("n", 0, expected_version=0)
+        opened = count_transactions(store, monkeypatch)
+        refused = [0]
+
+        async def increment() -> None:
+            value, version = m.get_versioned("n")
+            while True:
+                try:
+                    await m.set("n", int(value) + 1, expected_version=version)
+                    return
+                except StaleVersion as exc:
+                    refused[0] += 1
+                    value, version = exc.current_value, exc.current_version
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(8):
+                tg.start_soon(increment)
+        assert m.get("n") == 8
+        assert refused[0] > 0
+        assert opened[0] < 8
+        journal = await rec.journal()
+        # every entry is one increment, decided on the one before it
+        assert [e.effect[0][4] for e in journal] == list(range(9))
+
+
+async def test_a_group_that_accepts_nothing_changes_nothing(url: str) -> None:
+    async with (
+        crdtstore.open_store(url) as store,
+        store.open_record("r", "a") as rec,
+    ):
+        m = rec.map("m")
+        await m.set("k", 1, expected_version=0)
+        head = (await store.run_info("r")).head
+        outcomes: list[Any] = []
+
+        async def write(named: int) -> None:
+            try:
+                await m.set("k", named, expected_version=named)
+            except StaleVersion as exc:
+                outcomes.append(exc.current_version)
+
+        async with anyio.create_task_group() as tg:
+            for named in (0, head + 5, head + 6):
+                tg.start_soon(write, named)
+        assert outcomes == [head, head, head]
+        assert (await store.run_info("r")).head == head
+        assert m.get_versioned("k") == (1, head)
