@@ -1,0 +1,197 @@
+"""A collection model's write plan: validate, dump, make storable and size a value in as few
+steps as the model allows.
+
+A write to a collection with a pydantic model validates the value and dumps it in JSON mode
+(:func:`~._semantics.validate_value`), makes the dump storable (:func:`~._values.to_stored`)
+and, when the collection is budgeted, sizes it (:func:`~._semantics.value_size`). For a *flat*
+model (:func:`is_flat`: every field a ``str``, ``float``, ``bool`` or ``None``, and nothing
+that could put anything else in the dump: no validator, serializer, default factory, extra
+field or computed field), pydantic's dump of a validated dict is a fresh dict of exactly those
+types, so all ``to_stored`` could still refuse is a non-finite float or a string with a lone
+surrogate; the JSON encoding that sizes the value refuses both. :meth:`ModelPlan.stored_sized`
+then does the three steps as two calls and one encoding, and falls back to ``to_stored`` (for
+its error) when the encoding refuses. The plan holds the model's validator and serializer, so
+a write does not look them up on the model class.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+import typing
+from typing import Any
+
+from annotated_types import BaseMetadata
+from pydantic import BaseModel, ValidationError
+from pydantic_core import PydanticUndefined
+
+from ._errors import SchemaInvalid
+from ._semantics import value_size
+from ._values import to_stored
+
+_SCALARS = (str, float, bool, type(None))
+_FLAT_SCHEMAS = ("str", "float", "bool", "none")
+
+# value_size's C encoder, refusing NaN and infinities (ValueError) instead of writing them
+_c_make_encoder: Any = getattr(json.encoder, "c_make_encoder", None)  # not in typeshed
+_c_strict: Any = (
+    None
+    if _c_make_encoder is None
+    else _c_make_encoder(
+        None,  # markers (a dump is a fresh acyclic dict)
+        json.JSONEncoder().default,  # unknown types: TypeError
+        json.encoder.encode_basestring,  # ensure_ascii=False
+        None,  # indent
+        ":",
+        ",",
+        False,  # sort_keys
+        False,  # skipkeys
+        False,  # allow_nan
+    )
+)
+
+
+def _flat_annotation(annotation: Any) -> bool:
+    if annotation in _SCALARS:
+        return True
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return all(a in _SCALARS for a in typing.get_args(annotation))
+    return False
+
+
+def _flat_schema(schema: Any) -> bool:
+    """Whether a field's core schema validates to one of the flat scalars and serializes it as
+    it is (no function around it, no serializer of its own)."""
+    while True:
+        if "serialization" in schema:
+            return False
+        kind = schema.get("type")
+        if kind in _FLAT_SCHEMAS:
+            return True
+        if kind == "default":
+            if "default_factory" in schema or type(schema.get("default")) not in _SCALARS:
+                return False
+        elif kind != "nullable":
+            return False
+        schema = schema["schema"]
+
+
+def is_flat(model: type[BaseModel]) -> bool:
+    """Whether ``model`` is flat (see the module docstring). Conservative: anything it does
+    not know makes it False (the plain path, always right)."""
+    try:
+        schema = model.__pydantic_core_schema__
+        if (
+            schema.get("type") != "model"  # (a model validator wraps the model's schema)
+            or "serialization" in schema
+            or schema.get("root_model")
+            or schema.get("post_init")
+            or model.__pydantic_post_init__ is not None
+            or model.model_config.get("extra") == "allow"
+        ):
+            return False
+        decorators = model.__pydantic_decorators__
+        if (
+            decorators.validators
+            or decorators.field_validators
+            or decorators.root_validators
+            or decorators.field_serializers
+            or decorators.model_serializers
+            or decorators.model_validators
+            or decorators.computed_fields
+        ):
+            return False
+        fields_schema = schema["schema"]
+        if (
+            fields_schema.get("type") != "model-fields"
+            or fields_schema.get("computed_fields")
+            or fields_schema.get("extras_schema") is not None
+            or fields_schema.get("extra_behavior") == "allow"
+        ):
+            return False
+        fields = fields_schema["fields"]
+        if set(fields) != set(model.model_fields):
+            return False
+        for name, info in model.model_fields.items():
+            field = fields[name]
+            if (
+                field.get("type") != "model-field"
+                or "serialization" in field
+                or not _flat_annotation(info.annotation)
+                or info.default_factory is not None
+                or (info.default is not PydanticUndefined and type(info.default) not in _SCALARS)
+                or not all(isinstance(m, BaseMetadata) for m in info.metadata)
+                or not _flat_schema(field["schema"])
+            ):
+                return False
+        return True
+    except Exception:  # another pydantic: the plain path
+        return False
+
+
+def strict_size(value: Any) -> int:
+    """:func:`~._semantics.value_size` of ``value``, or -1 when it holds a non-finite float or
+    a string with a lone surrogate (what ``to_stored`` refuses of a flat dict)."""
+    try:
+        chunks = _c_strict(value, 0)
+    except ValueError:  # NaN or an infinity
+        return -1
+    text = chunks[0] if len(chunks) == 1 else "".join(chunks)
+    if text.isascii():
+        return len(text)
+    try:
+        return len(text.encode())
+    except UnicodeEncodeError:  # a lone surrogate
+        return -1
+
+
+class ModelPlan:
+    """How writes to a collection with ``model`` make their stored value (see the module
+    docstring). One per collection handle, made again when the handle's model changes."""
+
+    __slots__ = ("_dump", "_validate", "flat", "model")
+
+    def __init__(self, model: type[BaseModel]) -> None:
+        self.model = model
+        self._validate = model.__pydantic_validator__.validate_python
+        self._dump = model.__pydantic_serializer__.to_python
+        #: stored_sized's shortcut applies (a flat model, and the C JSON encoder is there)
+        self.flat = _c_strict is not None and is_flat(model)
+
+    def stored(self, collection: str, key: str | None, value: Any) -> Any:
+        """``to_stored(validate_value(None, model, collection, key, value))``.
+
+        Raises:
+            SchemaInvalid: the value fails the model.
+            InvalidValue: its dump is not storable (see ``to_stored``).
+        """
+        model = self.model
+        if type(value) is not dict and isinstance(value, model):  # (an ABC isinstance is slow)
+            # the instance's own serializer (a subclass's), as validate_value does
+            return to_stored(value.__pydantic_serializer__.to_python(value, mode="json"))
+        instance = self._instance(collection, key, value)
+        return to_stored(instance.__pydantic_serializer__.to_python(instance, mode="json"))
+
+    def stored_sized(self, collection: str, key: str | None, value: dict[str, Any]) -> Any:
+        """``(stored, value_size(stored))`` of a dict ``value``, for a flat model (``flat``):
+        what :meth:`stored` returns, and its size.
+
+        Raises:
+            SchemaInvalid, InvalidValue: as :meth:`stored`.
+        """
+        instance = self._instance(collection, key, value)
+        dumped = self._dump(instance, mode="json")  # (a flat model's own: no subclass here)
+        size = strict_size(dumped)
+        if size < 0:
+            stored = to_stored(dumped)  # raises InvalidValue (what the encoding refused)
+            return stored, value_size(stored)  # pragma: no cover - to_stored raised
+        return dumped, size
+
+    def _instance(self, collection: str, key: str | None, value: Any) -> BaseModel:
+        try:
+            instance: BaseModel = self._validate(value)
+        except ValidationError as exc:
+            # (without the input: it can be what JSON cannot carry, NaN, and it is the caller's)
+            errors = json.loads(exc.json(include_input=False, include_url=False))
+            raise SchemaInvalid(collection, key, errors) from None
+        return instance
