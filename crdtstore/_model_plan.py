@@ -179,13 +179,19 @@ class ModelPlan:
         Raises:
             SchemaInvalid, InvalidValue: as :meth:`stored`.
         """
-        instance = self._instance(collection, key, value)
+        # (_instance and strict_size, inlined: this is every write of a declared map)
+        try:
+            instance = self._validate(value)
+        except ValidationError:
+            instance = self._instance(collection, key, value)  # raises SchemaInvalid
         dumped = self._dump(instance, mode="json")  # (a flat model's own: no subclass here)
-        size = strict_size(dumped)
-        if size < 0:
+        try:
+            chunks = _c_strict(dumped, 0)
+            text = chunks[0] if len(chunks) == 1 else "".join(chunks)
+            return dumped, len(text) if text.isascii() else len(text.encode())
+        except ValueError:  # NaN or an infinity; a lone surrogate (a UnicodeEncodeError)
             stored = to_stored(dumped)  # raises InvalidValue (what the encoding refused)
             return stored, value_size(stored)  # pragma: no cover - to_stored raised
-        return dumped, size
 
     def _instance(self, collection: str, key: str | None, value: Any) -> BaseModel:
         try:

@@ -171,7 +171,21 @@ class WritePipeline(JournalLink):
                 self._enqueue(partial, ops, meta)
             raise
         if update is not None:
-            self._enqueue(update, ops, meta)
+            # (what _enqueue does, inlined: the hot path)
+            stamps = self._stamps
+            if stamps:
+                for op in ops:
+                    stamps[op[1]] = stamps.get(op[1], 0) + 1
+            self._pending.append((update, ops, meta))
+            self._written += 1
+            policy = self._commit_policy
+            if policy is not None:
+                policy.queued()
+            elif self._committer_idle:
+                self._committer_idle = False
+                self._pending_event.set()
+            if self._subscribers:
+                self._emit(ops, meta.agent, meta.source, None, local=True)
         if delta is not None:
             # (apply_set, inlined: the budget of a declared map's usual write)
             budget, sizes, key, nbytes, add_entries, add_bytes = delta
@@ -197,7 +211,8 @@ class WritePipeline(JournalLink):
 
     def _enqueue(self, update: bytes, ops: _List[Op], meta: Meta) -> None:
         """Queue a local entry (applied already) for the committer, or the commit policy
-        (:meth:`commit_on_loop`): the pending queue's only way in."""
+        (:meth:`commit_on_loop`): the pending queue's only way in (:meth:`_stage` has a copy
+        of it inline: keep the two alike)."""
         if self._stamps:
             for op in ops:
                 self._stamps[op[1]] = self._stamps.get(op[1], 0) + 1

@@ -132,7 +132,7 @@ def test_local_set_follows_a_swapped_document() -> None:
     replica.local_set(root, [["map", "m", "set", "x", 2]], meta)
     replica.doc = Doc(client_id=42)
     replica.registry = replica.doc.get(REGISTRY, type=Map)
-    replica.doc.observe(replica._on_transaction)
+    replica._capture = replica.capture_transactions()
     replica._roots.clear()
     replica._kinds.clear()
     root = replica.root("m", "map")
