@@ -23,7 +23,7 @@ from typing import Any
 
 from annotated_types import BaseMetadata
 from pydantic import BaseModel, ValidationError
-from pydantic_core import PydanticUndefined
+from pydantic_core import PydanticSerializationError, PydanticUndefined
 
 from ._errors import SchemaInvalid
 from ._semantics import value_size
@@ -117,6 +117,9 @@ def is_flat(model: type[BaseModel]) -> bool:
             if (
                 field.get("type") != "model-field"
                 or "serialization" in field
+                or "serialization_alias" in field  # (the dump is keyed by field name)
+                or info.alias is not None
+                or info.serialization_alias is not None
                 or not _flat_annotation(info.annotation)
                 or info.default_factory is not None
                 or (info.default is not PydanticUndefined and type(info.default) not in _SCALARS)
@@ -149,14 +152,21 @@ class ModelPlan:
     """How writes to a collection with ``model`` make their stored value (see the module
     docstring). One per collection handle, made again when the handle's model changes."""
 
-    __slots__ = ("_dump", "_validate", "flat", "model")
+    __slots__ = ("_dump", "_dump_json", "_floats", "_validate", "flat", "model")
 
     def __init__(self, model: type[BaseModel]) -> None:
         self.model = model
         self._validate = model.__pydantic_validator__.validate_python
         self._dump = model.__pydantic_serializer__.to_python
+        self._dump_json = model.__pydantic_serializer__.to_json
         #: stored_sized's shortcut applies (a flat model, and the C JSON encoder is there)
         self.flat = _c_strict is not None and is_flat(model)
+        # the fields that may hold a float (a flat model's dump is keyed by field name)
+        self._floats = tuple(
+            name
+            for name, info in model.model_fields.items()
+            if info.annotation is float or float in typing.get_args(info.annotation)
+        )
 
     def stored(self, collection: str, key: str | None, value: Any) -> Any:
         """``to_stored(validate_value(None, model, collection, key, value))``.
@@ -176,6 +186,12 @@ class ModelPlan:
         """``(stored, value_size(stored))`` of a dict ``value``, for a flat model (``flat``):
         what :meth:`stored` returns, and its size.
 
+        The size is the length of pydantic's own JSON of the instance (one call in Rust):
+        it writes strings, ``true``/``false``/``null`` and keys as Python's compact JSON
+        does, and floats alike unless one needs an exponent (``|x| < 1e-4`` or ``>= 1e16``,
+        where the two spell it differently) or is not finite; then, or when a string has a
+        lone surrogate (pydantic refuses it), the dump is encoded as ``value_size`` does.
+
         Raises:
             SchemaInvalid, InvalidValue: as :meth:`stored`.
         """
@@ -185,6 +201,16 @@ class ModelPlan:
         except ValidationError:
             instance = self._instance(collection, key, value)  # raises SchemaInvalid
         dumped = self._dump(instance, mode="json")  # (a flat model's own: no subclass here)
+        try:
+            size = len(self._dump_json(instance))
+        except PydanticSerializationError:  # a lone surrogate: the encoding below refuses it
+            size = -1
+        for name in self._floats:
+            x = dumped[name]
+            if x is not None and not (x == 0.0 or 1e-4 <= abs(x) < 1e16):
+                size = -1  # an exponent, NaN or an infinity
+        if size >= 0:
+            return dumped, size
         try:
             chunks = _c_strict(dumped, 0)
             text = chunks[0] if len(chunks) == 1 else "".join(chunks)

@@ -9,7 +9,7 @@ import math
 from typing import Annotated, Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import (
     AfterValidator,
@@ -100,6 +100,10 @@ class Factory(BaseModel):
     text: str = Field(default_factory=lambda: "x")
 
 
+class Aliased(BaseModel):
+    text: str = Field(alias="t")
+
+
 class PostInit(BaseModel):
     text: str
 
@@ -123,6 +127,7 @@ class PostInit(BaseModel):
         (Extra, False),
         (Factory, False),
         (PostInit, False),
+        (Aliased, False),
     ],
 )
 def test_is_flat(model: type[BaseModel], flat: bool) -> None:
@@ -152,6 +157,7 @@ def reference(value: Any) -> tuple[Any, int] | type[Exception]:
     return stored, value_size(stored)
 
 
+@settings(max_examples=500)
 @given(flat_values)
 def test_stored_sized_is_validate_to_stored_value_size(value: dict[str, Any]) -> None:
     plan = ModelPlan(Flat)
@@ -166,6 +172,21 @@ def test_stored_sized_is_validate_to_stored_value_size(value: dict[str, Any]) ->
         assert size == value_size(stored)
         assert all(type(v) in (str, float, bool, type(None)) for v in stored.values())
         assert plan.stored("m", "k", value) == stored
+
+
+@pytest.mark.parametrize(
+    "confidence",
+    [0.0, -0.0, 1e-4, -1e-4, 9.99e-5, 1e-5, 1.5e-7, 5e-324, 0.1 + 0.2, 123.0, 1e15, 9.9e15,
+     1e16, -1e16, 1.7976931348623157e308, 2.0**53, 1 / 3],
+)  # fmt: skip
+@pytest.mark.parametrize(
+    "text", ["", "plain", 'quote " and \\ backslash', "\n\t\b\f\r\x00\x1f\x7f", "é日🙂\u2028"]
+)
+def test_stored_sized_at_the_edges_of_json_spelling(confidence: float, text: str) -> None:
+    """Floats where pydantic's JSON and Python's part ways (exponents) and strings with every
+    kind of escape: the size is still value_size's."""
+    value = {"text": text, "confidence": confidence, "note": text, "limit": abs(confidence)}
+    assert ModelPlan(Flat).stored_sized("m", "k", value) == reference(value)
 
 
 @pytest.mark.parametrize(
