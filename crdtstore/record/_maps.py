@@ -16,7 +16,7 @@ from .._journal import Op
 from .._model_plan import ModelPlan
 from .._models import Conflict, Sibling, Version
 from .._names import MAX_KEY_LENGTH, check_key
-from .._values import to_stored
+from .._values import MAX_SAFE_INT, to_stored
 from ._collections import _MISSING, CollectionHost, _Collection
 from ._document import ReplicaDocument
 
@@ -130,7 +130,13 @@ class MapCollection(_Collection):
         model = self._model or rec._models.get(name)
         size = -1
         if model is None:
-            stored = to_stored(value)
+            t = type(value)
+            if (t is str and value.isascii()) or (
+                t is int and -MAX_SAFE_INT <= value <= MAX_SAFE_INT
+            ):
+                stored = value  # (what to_stored checks of a usual scalar, inlined)
+            else:
+                stored = to_stored(value)
         else:
             plan = self._plan
             if plan is None or plan.model is not model:
