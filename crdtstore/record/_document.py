@@ -260,17 +260,19 @@ class ReplicaDocument(ProvenanceIndex):
         direct = self._direct
         if direct is None or direct.doc is not self.doc:  # (a simulation may swap the document)
             direct = self._direct = DirectTransaction(self.doc)
-        if not direct.usable() or self._kinds.get(name) != "map":
+        if self._kinds.get(name) != "map":
             return self.local(ops, partial(root.__setitem__, key, stored), meta)
         self._captured = None
         self._capturing = True
         try:
-            direct.set(root, key, stored)
+            done = direct.set(root, key, stored)
         except BaseException:
             self.partial_update = self._captured
             raise
         finally:
             self._capturing = False
+        if not done:  # (a transaction is open, or no internals: the public API)
+            return self.local(ops, partial(root.__setitem__, key, stored), meta)
         keys = self.index.get(name)
         if keys is None:
             keys = self.index[name] = {}
