@@ -5,13 +5,14 @@ A write to a collection with a pydantic model validates the value and dumps it i
 (:func:`~._semantics.validate_value`), makes the dump storable (:func:`~._values.to_stored`)
 and, when the collection is budgeted, sizes it (:func:`~._semantics.value_size`). For a *flat*
 model (:func:`is_flat`: every field a ``str``, ``float``, ``bool`` or ``None``, and nothing
-that could put anything else in the dump: no validator, serializer, default factory, extra
-field or computed field), pydantic's dump of a validated dict is a fresh dict of exactly those
-types, so all ``to_stored`` could still refuse is a non-finite float or a string with a lone
-surrogate; the JSON encoding that sizes the value refuses both. :meth:`ModelPlan.stored_sized`
-then does the three steps as two calls and one encoding, and falls back to ``to_stored`` (for
-its error) when the encoding refuses. The plan holds the model's validator and serializer, so
-a write does not look them up on the model class.
+that could put anything else in the dump: no validator, serializer, alias, exclusion, default
+factory, extra or computed field, custom ``__init__``), the JSON-mode dump of a validated dict
+is a copy of the instance's ``__dict__``, of exactly those types, so all ``to_stored`` could
+still refuse is a non-finite float or a string with a lone surrogate; and pydantic's own JSON
+of the instance has the length ``value_size`` counts unless a float needs an exponent.
+:meth:`ModelPlan.stored_sized` does those steps, checking what it skips, and falls back to the
+plain definitions when a check fails. The plan holds the model's validator and serializers,
+so a write does not look them up on the model class.
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ from ._semantics import value_size
 from ._values import to_stored
 
 _SCALARS = (str, float, bool, type(None))
+# the keys a flat model's core schema, its fields' schema and each field's may have
+_MODEL_KEYS = {"type", "cls", "schema", "custom_init", "root_model", "config", "ref", "metadata"}
+_FIELDS_KEYS = {"type", "fields", "model_name", "computed_fields"}
+_FIELD_KEYS = {"type", "schema", "metadata"}
 _FLAT_SCHEMAS = ("str", "float", "bool", "none")
 
 # value_size's C encoder, refusing NaN and infinities (ValueError) instead of writing them
@@ -83,9 +88,9 @@ def is_flat(model: type[BaseModel]) -> bool:
         schema = model.__pydantic_core_schema__
         if (
             schema.get("type") != "model"  # (a model validator wraps the model's schema)
-            or "serialization" in schema
+            or not set(schema) <= _MODEL_KEYS  # (a serializer, a post_init, ...)
             or schema.get("root_model")
-            or schema.get("post_init")
+            or schema.get("custom_init")
             or model.__pydantic_post_init__ is not None
             or model.model_config.get("extra") == "allow"
         ):
@@ -104,6 +109,7 @@ def is_flat(model: type[BaseModel]) -> bool:
         fields_schema = schema["schema"]
         if (
             fields_schema.get("type") != "model-fields"
+            or not set(fields_schema) <= _FIELDS_KEYS
             or fields_schema.get("computed_fields")
             or fields_schema.get("extras_schema") is not None
             or fields_schema.get("extra_behavior") == "allow"
@@ -116,8 +122,10 @@ def is_flat(model: type[BaseModel]) -> bool:
             field = fields[name]
             if (
                 field.get("type") != "model-field"
-                or "serialization" in field
-                or "serialization_alias" in field  # (the dump is keyed by field name)
+                # (no serializer, alias, exclusion or frozen flag: the dump is the field's
+                # value under its name)
+                or not set(field) <= _FIELD_KEYS
+                or info.exclude
                 or info.alias is not None
                 or info.serialization_alias is not None
                 or not _flat_annotation(info.annotation)
@@ -152,7 +160,7 @@ class ModelPlan:
     """How writes to a collection with ``model`` make their stored value (see the module
     docstring). One per collection handle, made again when the handle's model changes."""
 
-    __slots__ = ("_dump", "_dump_json", "_floats", "_validate", "flat", "model")
+    __slots__ = ("_checked", "_dump", "_dump_json", "_floats", "_validate", "flat", "model")
 
     def __init__(self, model: type[BaseModel]) -> None:
         self.model = model
@@ -161,6 +169,7 @@ class ModelPlan:
         self._dump_json = model.__pydantic_serializer__.to_json
         #: stored_sized's shortcut applies (a flat model, and the C JSON encoder is there)
         self.flat = _c_strict is not None and is_flat(model)
+        self._checked = False  # stored_sized compared its dump with pydantic's (see there)
         # the fields that may hold a float (a flat model's dump is keyed by field name)
         self._floats = tuple(
             name
@@ -184,7 +193,8 @@ class ModelPlan:
 
     def stored_sized(self, collection: str, key: str | None, value: dict[str, Any]) -> Any:
         """``(stored, value_size(stored))`` of a dict ``value``, for a flat model (``flat``):
-        what :meth:`stored` returns, and its size.
+        what :meth:`stored` returns, and its size (-1 if this pydantic dumps the model
+        otherwise than the plan expects: the caller sizes it; the plan stops being flat).
 
         The size is the length of pydantic's own JSON of the instance (one call in Rust):
         it writes strings, ``true``/``false``/``null`` and keys as Python's compact JSON
@@ -200,7 +210,14 @@ class ModelPlan:
             instance = self._validate(value)
         except ValidationError:
             instance = self._instance(collection, key, value)  # raises SchemaInvalid
-        dumped = self._dump(instance, mode="json")  # (a flat model's own: no subclass here)
+        # a flat model's JSON-mode dump is its fields' values by name, as validated: a copy
+        # of the instance's __dict__ (checked against the dump on the plan's first value)
+        dumped = instance.__dict__.copy()
+        if not self._checked:
+            self._checked = True
+            if list(self._dump(instance, mode="json").items()) != list(dumped.items()):
+                self.flat = False  # pragma: no cover - another pydantic
+                return self.stored(collection, key, value), -1  # pragma: no cover
         try:
             size = len(self._dump_json(instance))
         except PydanticSerializationError:  # a lone surrogate: the encoding below refuses it
