@@ -355,24 +355,53 @@ def check_budget(
     return usage, add_entries, add_bytes, changed
 
 
+# What one ``set`` of a map key does to its budget: (budget, its per-key sizes, key, the
+# value's size, entries added, bytes added), see check_map_set.
+SetDelta = tuple[Budget, dict[str, int], str, int, int, int]
+
+
 def check_map_set(
-    spec: CollectionSpec, name: str, usage: Budget, key: str, value: Any
-) -> BudgetDelta:
+    spec: CollectionSpec, name: str, usage: Budget, key: str, value: Any, size: int = -1
+) -> SetDelta:
     """:func:`check_budget` for an effect that is one ``set`` of ``key`` in map ``name``
-    whose ``usage`` has per-key sizes (the usual declared write), without its loop."""
+    whose ``usage`` has per-key sizes (the usual declared write), without its loop.
+    ``size``: ``value_size(value)`` if the caller has it already (-1: computed here).
+
+    Returns the delta to apply to ``usage`` once the set is applied (:func:`apply_set`).
+
+    Raises:
+        BudgetExceeded: with the figures.
+    """
     sizes = usage.sizes
     assert sizes is not None
-    size = value_size(value)
+    if size < 0:
+        size = value_size(value)
     max_value = spec.max_value_bytes
     if max_value is not None and size > max_value:
         raise BudgetExceeded(name, "value bytes", 0, size, max_value)
     old = sizes.get(key)
-    add_entries = 1 if old is None else 0
-    add_bytes = size if old is None else size - old
-    if add_entries and spec.max_entries is not None and usage.entries + 1 > spec.max_entries:
-        raise BudgetExceeded(name, "entries", usage.entries, 1, spec.max_entries)
+    if old is None:
+        if spec.max_entries is not None and usage.entries + 1 > spec.max_entries:
+            raise BudgetExceeded(name, "entries", usage.entries, 1, spec.max_entries)
+        add_entries, add_bytes = 1, size
+    else:
+        add_entries, add_bytes = 0, size - old
     if spec.max_bytes is not None and add_bytes > 0 and usage.bytes + add_bytes > spec.max_bytes:
         raise BudgetExceeded(name, "bytes", usage.bytes, add_bytes, spec.max_bytes)
+    return usage, sizes, key, size, add_entries, add_bytes
+
+
+def apply_set(delta: SetDelta) -> None:
+    """Account an applied set's :func:`check_map_set` delta in its budget."""
+    usage, sizes, key, size, add_entries, add_bytes = delta
+    usage.entries += add_entries
+    usage.bytes += add_bytes
+    sizes[key] = size
+
+
+def set_as_budget_delta(delta: SetDelta) -> BudgetDelta:
+    """The :data:`BudgetDelta` form of a :func:`check_map_set` delta (for ``apply_budgets``)."""
+    usage, _, key, size, add_entries, add_bytes = delta
     return usage, add_entries, add_bytes, {key: size}
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from ._errors import InvalidValue
 
-_MAX_SAFE_INT = 2**53
+_MAX_SAFE_INT = MAX_SAFE_INT = 2**53  # the largest integer stored (exact in JSON/JavaScript)
 _MAX_DEPTH = 64
 _SCALARS = (bool, type(None))
 

@@ -15,6 +15,7 @@ from pydantic import BaseModel
 
 from .._errors import InvalidValue
 from .._journal import Op
+from .._model_plan import ModelPlan
 from .._models import Span, Version
 from .._semantics import validate_value
 from .._values import encodable, from_stored, to_stored
@@ -46,11 +47,21 @@ class CollectionHost(Protocol):
         """The run's declared models, by collection (a handle's own model comes first)."""
         ...
 
+    @property
+    def _budgeted(self) -> frozenset[str]:
+        """The run's budgeted collections (a write to them is sized)."""
+        ...
+
     def _stage(
-        self, ops: list[Any], apply: Callable[[], None] | None = None, root: Any = None
+        self,
+        ops: list[Any],
+        apply: Callable[[], None] | None = None,
+        root: Any = None,
+        size: int = -1,
     ) -> Coroutine[Any, Any, None] | None:
         """Check, apply and queue a write (``apply`` None: ``ops`` is one map set op alone,
-        on ``root``); return what to await, if anything (``WritePipeline._stage``)."""
+        on ``root``, and ``size``, if not -1, its value's ``value_size``); return what to
+        await, if anything (``WritePipeline._stage``)."""
         ...
 
     async def _write_guarded(
@@ -97,6 +108,7 @@ class _Collection:
         self._root = root
         self._model = model
         self._cache: tuple[int, dict[str, dict[str, Any]]] | None = None
+        self._plan: ModelPlan | None = None  # of the model writes use now (see MapCollection.set)
 
     @property
     def model(self) -> type[BaseModel] | None:

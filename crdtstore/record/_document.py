@@ -86,18 +86,25 @@ class ReplicaDocument(ProvenanceIndex):
                 journaled(meta, seq)
 
     def capture_transactions(self) -> Any:
-        """Observe this replica's document for the capture (:meth:`_on_transaction`): on the
-        yrs document itself when it can (see :mod:`._pycrdt`), through a weak
-        reference to the replica. A bound method given to yrs is held from the Rust side,
-        where the garbage collector cannot see it: the replica and its document were never
-        freed (every record closed, every scratch copy and replay leaked its document).
-        Returns the subscription (it lives as long as the document)."""
+        """Observe this replica's document for the capture: count every transaction that
+        changed it and, while a local one is open (``_capturing``), keep its update (and,
+        for ``apply_external``, its delete set). On the yrs document itself when it can (see
+        :mod:`._pycrdt`), through a weak reference to the replica. A bound method given to
+        yrs is held from the Rust side, where the garbage collector cannot see it: the
+        replica and its document were never freed (every record closed, every scratch copy
+        and replay leaked its document). Returns the subscription (it lives as long as the
+        document)."""
         ref = weakref.ref(self)
 
         def on_transaction(event: Any) -> None:
+            # (one Python frame per transaction: this runs on every local write)
             replica = ref()
             if replica is not None:
-                replica._on_transaction(event)
+                replica._transactions += 1
+                if replica._capturing:
+                    replica._captured = event.update
+                    if replica._deletes_wanted:  # (which items the update deleted)
+                        replica._captured_deletes = event.delete_set
 
         return observe_updates(self.doc, on_transaction, self)
 
@@ -152,13 +159,6 @@ class ReplicaDocument(ProvenanceIndex):
 
     def to_dict(self) -> dict[str, Any]:
         return {name: self.read(name, kind) for name, kind in self.collections().items()}
-
-    def _on_transaction(self, event: Any) -> None:
-        self._transactions += 1
-        if self._capturing:
-            self._captured = event.update
-            if self._deletes_wanted:  # (apply_external: which items the update deleted)
-                self._captured_deletes = event.delete_set
 
     def begin(self) -> None:
         """Open a local transaction whose update :meth:`end` returns."""
@@ -260,17 +260,19 @@ class ReplicaDocument(ProvenanceIndex):
         direct = self._direct
         if direct is None or direct.doc is not self.doc:  # (a simulation may swap the document)
             direct = self._direct = DirectTransaction(self.doc)
-        if not direct.usable() or self._kinds.get(name) != "map":
+        if self._kinds.get(name) != "map":
             return self.local(ops, partial(root.__setitem__, key, stored), meta)
         self._captured = None
         self._capturing = True
         try:
-            direct.set(root, key, stored)
+            done = direct.set(root, key, stored)
         except BaseException:
             self.partial_update = self._captured
             raise
         finally:
             self._capturing = False
+        if not done:  # (a transaction is open, or no internals: the public API)
+            return self.local(ops, partial(root.__setitem__, key, stored), meta)
         keys = self.index.get(name)
         if keys is None:
             keys = self.index[name] = {}

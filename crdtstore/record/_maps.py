@@ -13,10 +13,10 @@ from pydantic import BaseModel
 
 from .._errors import InvalidValue
 from .._journal import Op
+from .._model_plan import ModelPlan
 from .._models import Conflict, Sibling, Version
 from .._names import MAX_KEY_LENGTH, check_key
-from .._semantics import validate_value
-from .._values import to_stored
+from .._values import MAX_SAFE_INT, to_stored
 from ._collections import _MISSING, CollectionHost, _Collection
 from ._document import ReplicaDocument
 
@@ -128,13 +128,28 @@ class MapCollection(_Collection):
         name = self.name
         # (what _in does, inlined)
         model = self._model or rec._models.get(name)
-        if model is not None:
-            value = validate_value(None, model, name, key, value)
-        stored = to_stored(value)
+        size = -1
+        if model is None:
+            t = type(value)
+            if (t is str and value.isascii()) or (
+                t is int and -MAX_SAFE_INT <= value <= MAX_SAFE_INT
+            ):
+                stored = value  # (what to_stored checks of a usual scalar, inlined)
+            else:
+                stored = to_stored(value)
+        else:
+            plan = self._plan
+            if plan is None or plan.model is not model:
+                plan = self._plan = ModelPlan(model)
+            if plan.flat and type(value) is dict and name in rec._budgeted:
+                # validated, stored and sized in one go; the budget check takes the size
+                stored, size = plan.stored_sized(name, key, value)
+            else:
+                stored = plan.stored(name, key, value)
         op: Op = ["map", name, "set", key, stored]
         if expected_version is None and based_on is None and lease is None:
             # the hot path: no second coroutine, no apply callable, the op alone (see _stage)
-            wait = rec._stage(op, None, self._root)
+            wait = rec._stage(op, None, self._root, size)
             if wait is not None:
                 await wait
         else:

@@ -23,7 +23,7 @@ import anyio
 
 from .._errors import InvalidValue, NestedTransaction
 from .._journal import SOURCES, Op, check_call
-from .._semantics import apply_budgets
+from .._semantics import BudgetDelta, SetDelta, apply_budgets, apply_set
 from ._journal_link import JournalLink
 from ._provenance import Meta, now
 
@@ -105,7 +105,11 @@ class WritePipeline(JournalLink):
         return Meta(self.agent, source, wall, None, self._origin, call)
 
     def _stage(
-        self, ops: _List[Any], apply: Callable[[], None] | None = None, root: Any = None
+        self,
+        ops: _List[Any],
+        apply: Callable[[], None] | None = None,
+        root: Any = None,
+        size: int = -1,
     ) -> Coroutine[Any, Any, None] | None:
         """Check, apply and queue a local write (see the module docstring); return what the
         caller must await (None: nothing).
@@ -114,30 +118,38 @@ class WritePipeline(JournalLink):
         hot path, a map set, passes no ``apply``: ``ops`` is then that one op alone
         (``["map", name, "set", key, stored]``, not in a list: inside a transaction no list
         is made for it) and ``root`` its map, and the replica applies it straight
-        (:meth:`~._document.ReplicaDocument.local_set`, ``do_set``)."""
+        (:meth:`~._document.ReplicaDocument.local_set`, ``do_set``); ``size``, if not -1, is
+        the stored value's ``value_size`` (which the budget check then need not compute)."""
         if self._state != "open" or self._failure is not None or self._read_only is not None:
             self._check_writable()
         # Policies and budgets are checked before the document is touched (no rollback).
         txn = self._txn_task
         if txn is not None:
             if _TXN.get() is not txn:  # another task's: wait for it to end
-                return self._stage_after_txn(ops, apply, root)
+                return self._stage_after_txn(ops, apply, root, size)
             txn_meta = self._txn_meta
             assert txn_meta is not None
             if apply is None:  # ops: one map set
-                usage = self._enforce([ops], conditional=False) if self._specs else None
+                one = self._enforce_set(ops, size) if self._specs else None
                 self.replica.do_set(root, ops[1], ops[3], ops[4], txn_meta)
                 self._txn_ops.append(ops)
-            else:
-                usage = self._enforce(ops, conditional=False) if self._specs else None
-                self.replica.do(ops, apply, txn_meta)
-                self._txn_ops += ops
-            if usage:
-                apply_budgets(usage)
+                if one is not None:
+                    apply_set(one)
+                return None
+            deltas = self._enforce(ops, conditional=False) if self._specs else None
+            self.replica.do(ops, apply, txn_meta)
+            self._txn_ops += ops
+            if deltas:
+                apply_budgets(deltas)
             return None
+        delta: SetDelta | None = None
+        usage: _List[BudgetDelta] | None = None
         if apply is None:
+            if self._specs:
+                delta = self._enforce_set(ops, size)
             ops = [ops]  # (one map set)
-        usage = self._enforce(ops, conditional=False) if self._specs else None
+        elif self._specs:
+            usage = self._enforce(ops, conditional=False)
         # tuple.__new__ skips the namedtuple's Python-level __new__ (a third of a write's
         # bookkeeping on this path)
         attr = _ATTR.get()  # (one context variable read per write: ~50 ns)
@@ -159,27 +171,48 @@ class WritePipeline(JournalLink):
                 self._enqueue(partial, ops, meta)
             raise
         if update is not None:
-            self._enqueue(update, ops, meta)
-        if usage is not None:
+            # (what _enqueue does, inlined: the hot path)
+            stamps = self._stamps
+            if stamps:
+                for op in ops:
+                    stamps[op[1]] = stamps.get(op[1], 0) + 1
+            self._pending.append((update, ops, meta))
+            self._written += 1
+            policy = self._commit_policy
+            if policy is not None:
+                policy.queued()
+            elif self._committer_idle:
+                self._committer_idle = False
+                self._pending_event.set()
+            if self._subscribers:
+                self._emit(ops, meta.agent, meta.source, None, local=True)
+        if delta is not None:
+            # (apply_set, inlined: the budget of a declared map's usual write)
+            budget, sizes, key, nbytes, add_entries, add_bytes = delta
+            budget.entries += add_entries
+            budget.bytes += add_bytes
+            sizes[key] = nbytes
+        elif usage is not None:
             apply_budgets(usage)
         if self.durability == "durable" or len(self._pending) > self._max_pending:
             return self._after_write()
         return None
 
     async def _stage_after_txn(
-        self, ops: _List[Any], apply: Callable[[], None] | None, root: Any
+        self, ops: _List[Any], apply: Callable[[], None] | None, root: Any, size: int
     ) -> None:
         """:meth:`_stage` once the open transaction (another task's) has ended."""
         while self._txn_task is not None:
             await self._txn_idle.wait()
         self._check_open()
-        wait = self._stage(ops, apply, root)
+        wait = self._stage(ops, apply, root, size)
         if wait is not None:
             await wait
 
     def _enqueue(self, update: bytes, ops: _List[Op], meta: Meta) -> None:
         """Queue a local entry (applied already) for the committer, or the commit policy
-        (:meth:`commit_on_loop`): the pending queue's only way in."""
+        (:meth:`commit_on_loop`): the pending queue's only way in (:meth:`_stage` has a copy
+        of it inline: keep the two alike)."""
         if self._stamps:
             for op in ops:
                 self._stamps[op[1]] = self._stamps.get(op[1], 0) + 1

@@ -18,12 +18,14 @@ from .._semantics import (
     BYTES_PER_TOKEN,
     Budget,
     BudgetDelta,
+    SetDelta,
     apply_budgets,
     budgeted,
     check_budget,
     check_effect,
     check_map_set,
     measure,
+    set_as_budget_delta,
     value_size,
 )
 from ._state import RecordState
@@ -99,7 +101,7 @@ class Policies(RecordState):
                 usage = self._usage_of(name, spec.kind)
             if usage.sizes is not None:
                 if op[0] == "map" and op[2] == "set":
-                    return [check_map_set(spec, name, usage, op[3], op[4])]
+                    return [set_as_budget_delta(check_map_set(spec, name, usage, op[3], op[4]))]
                 return [check_budget(spec, name, usage, ops)]
             removed_bytes, removed_entries = self._removed(name, spec.kind, ops)
             return [check_budget(spec, name, usage, ops, removed_bytes, removed_entries)]
@@ -124,6 +126,47 @@ class Policies(RecordState):
             else:
                 out.append(delta)
         return out
+
+    def _enforce_set(self, op: Op, size: int = -1) -> SetDelta | None:
+        """:meth:`_enforce` of a write that is one map set ``op`` (``["map", name, "set",
+        key, stored]``, by this record): the write pipeline's hot path. ``size``: the stored
+        value's ``value_size`` if the caller has it (-1: computed if a budget needs it).
+        Returns the budget delta to account once the set is applied (None: no budget)."""
+        name = op[1]
+        spec = self._specs.get(name)
+        if spec is None:  # undeclared: open, no budget
+            return None
+        usage = self._usage.get(name)  # only budgeted collections are there
+        policy = spec.policy
+        sizes = None if usage is None else usage.sizes
+        if policy == "owner" or policy == "append_only":
+            key = op[3]
+            # (under owner only the creator changes an entry: the writer of the current
+            # value is its creator; check_effect decides and words a refusal)
+            if (key in sizes if sizes is not None else self.exists(name, key)) and (
+                policy == "append_only"
+                or ((owner := self.replica.agent_of(name, key)) is not None and owner != self.agent)
+            ):
+                check_effect(self._specs, [op], self.agent, self, conditional=False)
+        elif spec.kind == "counter":  # (no budgets)
+            value = op[4]
+            if not (  # a plain add of a number needs no check (numbers, no deletes)
+                spec.max_value is None
+                and type(value) in (int, float)
+                and -MAX_SAFE <= value <= MAX_SAFE  # (NaN fails it)
+            ):
+                check_effect(self._specs, [op], self.agent, self, conditional=False)
+            return None
+        elif policy != "open":  # guarded: refused (not a conditional write)
+            check_effect(self._specs, [op], self.agent, self, conditional=False)
+        if usage is None:
+            if not budgeted(spec):
+                return None
+            usage = self._usage_of(name, spec.kind)
+            sizes = usage.sizes
+        if sizes is None:  # pragma: no cover - a map's budget has per-key sizes
+            raise AssertionError(f"budget of map {name!r} without sizes")
+        return check_map_set(spec, name, usage, op[3], op[4], size)
 
     @staticmethod
     def _account(usage: _List[BudgetDelta] | None) -> None:

@@ -204,8 +204,8 @@ class DirectTransaction:
     without pycrdt's Python frames: a yrs transaction made, committed and dropped while
     ``doc._txn`` names a pycrdt ``Transaction`` kept for the document.
 
-    :meth:`usable` says whether it can be used now (the internals are there, the document is
-    single-threaded and no transaction is open); :meth:`set` runs one insert.
+    :meth:`set` runs one insert when it can (the internals are there, the document is
+    single-threaded and no transaction is open), and says whether it did.
     """
 
     __slots__ = ("_wtxn", "doc")
@@ -214,14 +214,14 @@ class DirectTransaction:
         self.doc = doc
         self._wtxn = Transaction(doc) if INTERNALS and not doc._allow_multithreading else None
 
-    def usable(self) -> bool:
-        return self._wtxn is not None and self.doc._txn is None
-
-    def set(self, root: Any, key: str, value: Any) -> None:
-        """Insert, commit; re-raise an observer's failure as pycrdt does (an
-        ``ExceptionGroup``). What was applied is committed either way (no rollback)."""
+    def set(self, root: Any, key: str, value: Any) -> bool:
+        """Insert, commit and return True; or, if it cannot now, change nothing and return
+        False (the caller takes the public API). Re-raises an observer's failure as pycrdt
+        does (an ``ExceptionGroup``); what was applied is committed either way (no
+        rollback). (One call, no separate check: this is every local map set.)"""
         doc, wtxn = self.doc, self._wtxn
-        assert wtxn is not None
+        if wtxn is None or doc._txn is not None:
+            return False
         txn = doc._doc.create_transaction()
         wtxn._txn, wtxn._leases, doc._txn = txn, 1, wtxn
         try:
@@ -236,3 +236,4 @@ class DirectTransaction:
         finally:
             txn.drop()
             wtxn._txn, wtxn._leases, doc._txn = None, 0, None
+        return True

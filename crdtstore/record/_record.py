@@ -32,7 +32,7 @@ from .._errors import (
 from .._models import HistoryEntry, Provenance
 from .._names import check_name
 from .._remote_journal import RemoteJournal
-from .._semantics import CollectionSpec, spec_from_declaration
+from .._semantics import CollectionSpec, budgeted, spec_from_declaration
 from ._collections import CollectionHost, ListCollection, TextCollection
 from ._counter import CounterCollection
 from ._effects import _plain
@@ -184,6 +184,7 @@ class Record(ForeignWrites):
                 specs[name] = specs[name].model_copy(update={"model": spec.model})
         self._specs = specs
         self._models = {n: spec.model for n, spec in specs.items() if spec.model is not None}
+        self._budgeted = frozenset(n for n, spec in specs.items() if budgeted(spec))
 
     async def declare(self, name: str, spec: CollectionSpec) -> None:
         """Declare a collection's kind, policies, budgets and model for the whole run.

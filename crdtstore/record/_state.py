@@ -75,6 +75,9 @@ class RecordState:
         self._declare = coerce_schema(schema)
         self._specs: dict[str, CollectionSpec] = {}  # the run's declarations (enforced)
         self._models: dict[str, type[BaseModel]] = {}  # the declared models, by collection
+        # the declared collections with a budget (a write to them is sized): a collection
+        # handle asks before sizing a value with its model's plan (see crdtstore._model_plan)
+        self._budgeted: frozenset[str] = frozenset()
         self._usage: dict[str, Budget] = {}  # budget totals of budgeted collections
         self._stamps: dict[str, int] = {}  # changes seen per collection (cache invalidation)
         self._tokens = 0

@@ -6,7 +6,9 @@ aside (to the public API) whenever their preconditions do not hold."""
 
 from __future__ import annotations
 
+import math
 import os
+from enum import IntEnum
 from typing import Any
 
 import anyio
@@ -16,6 +18,7 @@ from hypothesis import strategies as st
 from pycrdt import Doc, Map
 
 import crdtstore
+from crdtstore import InvalidValue
 from crdtstore.record import _pycrdt
 from crdtstore.record._document import REGISTRY
 from crdtstore.record._provenance import Meta
@@ -132,7 +135,7 @@ def test_local_set_follows_a_swapped_document() -> None:
     replica.local_set(root, [["map", "m", "set", "x", 2]], meta)
     replica.doc = Doc(client_id=42)
     replica.registry = replica.doc.get(REGISTRY, type=Map)
-    replica.doc.observe(replica._on_transaction)
+    replica._capture = replica.capture_transactions()
     replica._roots.clear()
     replica._kinds.clear()
     root = replica.root("m", "map")
@@ -302,3 +305,37 @@ async def test_memory_journal_positions_survive_rollback_and_compaction(
     assert seqs == [n + 1]
     model[n + 1] = entry(5000)
     await check()
+
+
+async def test_map_set_checks_scalars_as_to_stored_does() -> None:
+    """MapCollection.set takes an ASCII string or a safe int as it is (to_stored's check,
+    inlined); everything else still goes through to_stored: beyond ±2**53, lone surrogates,
+    non-finite floats and int subclasses are refused or converted, and nothing is written."""
+
+    class Level(IntEnum):
+        high = 3
+
+    async with (
+        crdtstore.open_store("memory://") as store,
+        store.open_record(run="r", agent="a") as rec,
+    ):
+        m = rec.map("m")
+        good = {
+            "s": "ascii",
+            "u": "é日🙂",
+            "max": 2**53,
+            "min": -(2**53),
+            "b": True,
+            "e": Level.high,
+        }
+        for k, v in good.items():
+            await m.set(k, v)
+        got = m.to_dict()
+        assert got == {**good, "e": 3} and type(got["e"]) is int and type(got["b"]) is bool
+        for bad in (2**53 + 1, -(2**53) - 1, "a\ud800", math.nan, math.inf):
+            with pytest.raises(InvalidValue):
+                await m.set("bad", bad)
+        assert "bad" not in m
+        await rec.flush()
+        entries = await rec.journal()
+        assert len(entries) == len(good)

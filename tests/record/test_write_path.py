@@ -14,7 +14,15 @@ import crdtstore
 from crdtstore import BudgetExceeded, CollectionSpec, PolicyViolation
 from crdtstore._backends.memory._journal import _BLOCK, _RECENT, MemoryJournal
 from crdtstore._journal import NewEntry, SnapshotRow
-from crdtstore._semantics import Budget, apply_budgets, check_budget, check_map_set
+from crdtstore._semantics import (
+    Budget,
+    apply_budgets,
+    apply_set,
+    check_budget,
+    check_map_set,
+    set_as_budget_delta,
+    value_size,
+)
 
 
 def _entry(i: int, client: int = 7) -> NewEntry:
@@ -119,15 +127,19 @@ def test_single_set_budget_check_matches_the_general_one(
     max_bytes: int | None,
     max_value_bytes: int | None,
 ) -> None:
-    """``check_map_set`` (the fast path of ``Record._enforce``) decides and accounts exactly
-    as ``check_budget`` does for a one-set effect."""
+    """``check_map_set`` (the fast path of ``Record._enforce``), with the value's size
+    computed or given by the caller, decides and accounts exactly as ``check_budget`` does for
+    a one-set effect (its delta applied by ``apply_set``, or by ``apply_budgets`` once
+    converted)."""
     spec = CollectionSpec(
         max_entries=max_entries, max_bytes=max_bytes, max_value_bytes=max_value_bytes
     )
     outcomes = []
-    for check in (
-        lambda u: check_budget(spec, "m", u, [["map", "m", "set", key, value]]),
-        lambda u: check_map_set(spec, "m", u, key, value),
+    for check, account in (
+        (lambda u: check_budget(spec, "m", u, [["map", "m", "set", key, value]]), None),
+        (lambda u: check_map_set(spec, "m", u, key, value), apply_set),
+        (lambda u: check_map_set(spec, "m", u, key, value, value_size(value)), apply_set),
+        (lambda u: set_as_budget_delta(check_map_set(spec, "m", u, key, value)), None),
     ):
         usage = Budget(len(sizes), sum(sizes.values()), dict(sizes))
         try:
@@ -135,9 +147,12 @@ def test_single_set_budget_check_matches_the_general_one(
         except BudgetExceeded as exc:
             outcomes.append(("refused", str(exc)))
             continue
-        apply_budgets([delta])
+        if account is None:
+            apply_budgets([delta])
+        else:
+            account(delta)
         outcomes.append(("ok", (usage.entries, usage.bytes, usage.sizes)))
-    assert outcomes[0] == outcomes[1]
+    assert outcomes[1:] == [outcomes[0]] * 3
 
 
 @pytest.mark.anyio
