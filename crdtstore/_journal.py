@@ -26,6 +26,7 @@ from typing import Any, Literal, NamedTuple, TypeVar
 from pydantic import BaseModel, ConfigDict
 
 from ._errors import InvalidValue, UnsupportedOperation
+from ._values import from_stored
 
 T = TypeVar("T")
 
@@ -99,6 +100,19 @@ class Row(NamedTuple):
     call: str = ""
 
 
+class HistoryRow(NamedTuple):
+    """An entry as :meth:`JournalBackend.history_rows` returns it: what ``history`` reads of
+    it (no update bytes, no client id, no checksum)."""
+
+    seq: int
+    agent: str
+    source: str
+    wall_time: float
+    origin: str
+    call: str
+    ops: list[Op]
+
+
 class SnapshotRow(NamedTuple):
     """A compacted prefix of a run's journal: the merged update of entries ``1..seq``."""
 
@@ -120,6 +134,16 @@ class RunRow(NamedTuple):
     parent: str | None = None
     state: str = "open"
     delete_after: float | None = None
+
+
+def _ops_of(effect: list[Op], collection: str, key: str) -> list[Op]:
+    """The map ops of ``effect`` that write ``collection[key]``, values normalised (new
+    lists: a backend's rows may be shared)."""
+    return [
+        [*op[:4], from_stored(op[4])] if len(op) > 4 else op
+        for op in effect
+        if op[0] == "map" and op[1] == collection and op[3] == key
+    ]
 
 
 class JournalEntry(BaseModel):
@@ -309,6 +333,20 @@ class JournalBackend(ABC):
     @abstractmethod
     async def history(self, tenant: str, run: str, collection: str, key: str) -> list[Row]:
         """Entries whose effect sets or deletes ``key`` of map ``collection``, oldest first."""
+
+    async def history_rows(
+        self, tenant: str, run: str, collection: str, key: str
+    ) -> list[HistoryRow]:
+        """The entries of :meth:`history` as ``Store.history`` reads them: ``ops`` holds the
+        entry's ops of ``key`` (a backend may leave its other ops in), their values' numbers
+        normalised as values read from the document are (``from_stored``: an integral float
+        within ±2**53 is an int). The default derives them from :meth:`history`; a backend
+        that can read less (no update bytes) overrides it."""
+        return [
+            HistoryRow(r.seq, r.agent, r.source, r.wall_time, r.origin, r.call, ops)
+            for r in await self.history(tenant, run, collection, key)
+            if (ops := _ops_of(r.effect, collection, key))
+        ]
 
     @abstractmethod
     async def delete_run(self, tenant: str, run: str) -> bool:

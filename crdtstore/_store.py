@@ -18,10 +18,11 @@ from typing import Any, Literal
 import anyio
 from anyio.abc import TaskGroup
 
+from . import _history
 from ._backends.memory import MemoryJournal
 from ._backends.sqlite import SQLiteJournal
 from ._errors import InvalidValue, StoreClosed, UnsupportedURL
-from ._journal import Durability, JournalBackend, JournalEntry, Row, RunInfo
+from ._journal import Durability, JournalBackend, JournalEntry, RunInfo
 from ._leases import Lease, Leases, lease_backend_for
 from ._models import HistoryEntry
 from ._names import check_name
@@ -373,55 +374,11 @@ class Store(_RunLifecycle, _Compaction):
     async def history(self, run: str, collection: str, key: str) -> list[HistoryEntry]:
         """Every journaled write to ``collection[key]`` of ``run``, oldest first."""
         await self.run_info(run)
-        from ._models import Provenance
-        from ._store_redact import is_marker
-        from ._values import from_stored
-
-        out = []
-        rows = await self._backend.history(self.tenant, run, collection, key)
-        seen = {row.seq for row in rows}
-        config = await self._backend.get_config(self.tenant, run)
-        for note in config.get("redactions", []):
-            if (
-                note.get("kind", "map") == "map"
-                and (note["collection"], note["key"]) == (collection, key)
-                and note["seq"] not in seen
-            ):
-                effect = [["map", collection, "redact", key, note.get("reason", "")]]
-                rows.append(
-                    Row(
-                        note["seq"],
-                        note["agent"],
-                        "system",
-                        0,
-                        note["wall_time"],
-                        b"",
-                        effect,
-                        0,
-                        "" if note["run"] == run else note["run"],
-                    )
-                )
-        rows.sort(key=lambda r: r.seq)
-        for row in rows:
-            prov = Provenance(
-                run=row.origin or run,
-                agent=row.agent,
-                source=row.source,
-                wall_time=row.wall_time,
-                seq=row.seq,
-                call=row.call or None,
-            )
-            for op in row.effect:
-                if op[0] == "map" and op[1] == collection and op[3] == key:
-                    deleted = op[2] != "set"  # "del", or "redact" (the value is gone)
-                    # a set whose value was redacted since: the write stays, its value not
-                    blanked = not deleted and is_marker(op[4])
-                    out.append(
-                        HistoryEntry(
-                            value=None if deleted or blanked else from_stored(op[4]),
-                            deleted=deleted,
-                            provenance=prov,
-                            redacted=op[2] == "redact" or blanked,
-                        )
-                    )
-        return out
+        rows = await self._backend.history_rows(self.tenant, run, collection, key)
+        notes = (await self._backend.get_config(self.tenant, run)).get("redactions")
+        if notes:
+            seen = {row.seq for row in rows}
+            gone = _history.redaction_rows(notes, run, collection, key, seen)
+            if gone:
+                rows = sorted([*rows, *gone], key=lambda r: r.seq)
+        return _history.entries(run, collection, key, rows)

@@ -19,18 +19,19 @@ are those of its physical key.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Mapping, Set
+from collections.abc import Iterable, Mapping, Set
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
 from .._errors import InvalidName, InvalidValue
+from .._history import with_value
 from .._journal import Op
 from .._models import Conflict, Sibling, Version
 from .._names import MAX_KEY_LENGTH, check_key
 from .._semantics import validate_value
 from .._values import from_stored, to_stored
-from ._maps import SEP, MapCollection
+from ._maps import SEP, GroupedMap
 
 if TYPE_CHECKING:
     from .._leases import Lease
@@ -89,7 +90,7 @@ def check_field(field: object) -> str:
     return field
 
 
-class FieldMap(MapCollection):
+class FieldMap(GroupedMap):
     """A map of dict entries merged field by field, last writer wins per field.
 
     Reads return the entry as a dict (a model instance when the collection has a model and
@@ -127,6 +128,9 @@ class FieldMap(MapCollection):
             index.setdefault(key, {}).setdefault(field, []).append(pkey)
         self._index_cache = (stamp, index)
         return index
+
+    def _grouped(self) -> _Index:
+        return self._index()
 
     def _note(self, index: _Index, key: str, ops: list[Op]) -> None:
         """Account this replica's own applied ops in ``index``."""
@@ -191,29 +195,8 @@ class FieldMap(MapCollection):
         fields = self._index().get(key)
         return default if fields is None else self._out_entry(self._entry(key, fields))
 
-    def __getitem__(self, key: str) -> Any:
-        fields = self._index().get(key)
-        if fields is None:
-            raise KeyError(key)
-        return self._out_entry(self._entry(key, fields))
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._index()
-
-    def __len__(self) -> int:
-        return len(self._index())
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(list(self._index()))
-
-    def keys(self) -> list[str]:
-        return list(self._index())
-
-    def values(self) -> list[Any]:
-        return [self._out_entry(self._entry(k, f)) for k, f in self._index().items()]
-
-    def items(self) -> list[tuple[str, Any]]:
-        return [(k, self._out_entry(self._entry(k, f))) for k, f in self._index().items()]
+    def _value_of(self, key: str, group: Any) -> Any:
+        return self._out_entry(self._entry(key, group))
 
     def fields(self, key: str) -> list[str]:
         """The field names of entry ``key`` (empty when absent)."""
@@ -291,7 +274,7 @@ class FieldMap(MapCollection):
         for pkey in pkeys:
             for h in await self._rec.history(self.name, pkey):
                 if self.keep_all and isinstance(h.value, dict) and "v" in h.value:
-                    h = h.model_copy(update={"value": h.value["v"]})  # a sibling's value
+                    h = with_value(h, h.value["v"])  # a sibling's value
                 out.append(h)
         out.sort(key=lambda h: h.provenance.seq or 0)
         return out

@@ -252,7 +252,45 @@ class MapCollection(_Collection):
 SEP = "\x1f"  # between a keep_all key and its sibling token (refused in user keys)
 
 
-class KeepAllMap(MapCollection):
+class GroupedMap(MapCollection):
+    """A map whose entries each gather several physical keys of the root map (a
+    ``keep_all`` key's siblings, a ``merge="fields"`` entry's fields): the mapping methods,
+    read from one index of entry key -> its group (:meth:`_grouped`)."""
+
+    def _grouped(self) -> Mapping[str, Any]:
+        """Entry key -> its group of physical keys (never empty)."""
+        raise NotImplementedError
+
+    def _value_of(self, key: str, group: Any) -> Any:
+        """What reading entry ``key`` (of group ``group``) returns."""
+        raise NotImplementedError
+
+    def __getitem__(self, key: str) -> Any:
+        group = self._grouped().get(key)
+        if group is None:
+            raise KeyError(key)
+        return self._value_of(key, group)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._grouped()
+
+    def __len__(self) -> int:
+        return len(self._grouped())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._grouped()))
+
+    def keys(self) -> list[str]:
+        return list(self._grouped())
+
+    def values(self) -> list[Any]:
+        return [self._value_of(k, g) for k, g in self._grouped().items()]
+
+    def items(self) -> list[tuple[str, Any]]:
+        return [(k, self._value_of(k, g)) for k, g in self._grouped().items()]
+
+
+class KeepAllMap(GroupedMap):
     """A map whose keys are multi-value registers (the ``keep_all`` conflict policy).
 
     Each write of key ``k`` stores its value under its own physical key ``k<US>token`` (flat
@@ -349,28 +387,10 @@ class KeepAllMap(MapCollection):
             self._reads[key] = got
         return got
 
-    def __getitem__(self, key: str) -> Any:
-        if key not in self._groups():
-            raise KeyError(key)
+    _grouped = _groups
+
+    def _value_of(self, key: str, group: Any) -> Any:
         return self.get(key)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._groups()
-
-    def __len__(self) -> int:
-        return len(self._groups())
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(list(self._groups()))
-
-    def keys(self) -> list[str]:
-        return list(self._groups())
-
-    def values(self) -> list[Any]:
-        return [self.get(k) for k in self._groups()]
-
-    def items(self) -> list[tuple[str, Any]]:
-        return [(k, self.get(k)) for k in self._groups()]
 
     def siblings(self, key: str) -> list[Sibling]:
         """Every current sibling of ``key`` (one when resolved, none when absent)."""

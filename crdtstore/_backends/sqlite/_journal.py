@@ -37,12 +37,20 @@ import anyio.to_thread
 
 from ..._errors import BackendError, InvalidValue, UnknownRun
 from ..._guarded_append import Guard
-from ..._journal import Authority, JournalBackend, NewEntry, Row, RunRow, SnapshotRow
+from ..._journal import (
+    Authority,
+    HistoryRow,
+    JournalBackend,
+    NewEntry,
+    Row,
+    RunRow,
+    SnapshotRow,
+)
 from ._authority import SyncEstimate
 from ._authority import _SQLiteAuthority as _SQLiteAuthority
 from ._guarded import FenceCheck, guarded_tx
 from ._inline import _LoopPath
-from ._rows import _COLS, _append_tx, _rows
+from ._rows import _COLS, HISTORY_COLS, _append_tx, _history_rows, _rows
 from ._schema import _SCHEMA, _Conn, _dumps, _is_busy, _migrate
 from ._schema import sqlite_path as sqlite_path
 
@@ -492,6 +500,23 @@ class SQLiteJournal(_LoopPath, JournalBackend):
             ).fetchall()
         )
         return _rows(raw)
+
+    async def history_rows(
+        self, tenant: str, run: str, collection: str, key: str
+    ) -> list[HistoryRow]:
+        rid = await self._run_id(tenant, run)
+        # from the key index to the entries (not "seq IN (subquery)": that builds a
+        # temporary index of the subquery's rows first), without the update bytes
+        return await self._read(
+            lambda db: _history_rows(
+                db.execute(
+                    f"SELECT {HISTORY_COLS} FROM journal_keys k JOIN journal j"
+                    " ON j.run_id = k.run_id AND j.seq = k.seq"
+                    " WHERE k.run_id = ? AND k.collection = ? AND k.key = ? ORDER BY k.seq",
+                    (rid, collection, key),
+                ).fetchall()
+            )
+        )
 
     async def delete_run_if_due(self, tenant: str, run: str, now: float) -> bool:
         return await self._delete_run(tenant, run, now)

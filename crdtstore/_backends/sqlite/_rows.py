@@ -6,13 +6,14 @@ write and read through these.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from ..._errors import RunClosed, UnknownRun
-from ..._journal import NewEntry, Row
+from ..._journal import HistoryRow, NewEntry, Row
 from ._schema import _effect
 
 _COLS = "seq, agent, source, client_id, wall_time, upd, effect, crc, origin, call"
@@ -41,6 +42,38 @@ def _rows(raw: list[Any]) -> list[Row]:
             ),
         )
         for r in raw
+    ]
+
+
+_MAX_SAFE_INT = 2**53
+# what history reads of an entry, in HistoryRow's order (the effect last)
+HISTORY_COLS = "j.seq, j.agent, j.source, j.wall_time, j.origin, j.call, j.effect"
+
+
+def _number(text: str) -> float | int:
+    """A JSON number with a fraction or exponent, as ``from_stored`` reads it back."""
+    value = float(text)
+    if value.is_integer() and -_MAX_SAFE_INT <= value <= _MAX_SAFE_INT:
+        return int(value)
+    return value
+
+
+_parse_normal = json.JSONDecoder(parse_float=_number).decode
+
+
+def _history_rows(raw: list[Any]) -> list[HistoryRow]:
+    """Rows of :data:`HISTORY_COLS` as :class:`HistoryRow`, their effects parsed with numbers
+    normalised. The effects are parsed in one pass, joined into one JSON array: one decoder
+    call instead of one per row; if that is not one value per row (a malformed effect), each
+    is parsed alone, which raises as a read of it does."""
+    try:
+        effects = _parse_normal("[" + ",".join([r[6] for r in raw]) + "]")
+    except ValueError:
+        effects = []
+    if len(effects) != len(raw):
+        effects = [_parse_normal(r[6]) for r in raw]
+    return [
+        HistoryRow(r[0], r[1], r[2], r[3], r[4], r[5], e) for r, e in zip(raw, effects, strict=True)
     ]
 
 
