@@ -128,6 +128,59 @@ async def test_password_from_the_url(tmp_path: Path) -> None:
         srv.stop()
 
 
+# -- durability --------------------------------------------------------------------------
+
+
+def _version(srv: RedisServer) -> tuple[int, int]:
+    with srv.client() as c:
+        major, minor = str(c.info("server")["redis_version"]).split(".")[:2]
+    return int(major), int(minor)
+
+
+async def test_durable_on_appendfsync_always_is_synced_before_the_answer(
+    server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before Redis 7.2 (no WAITAOF) a durable write is durable only because the server
+    fsyncs its append-only file before it answers (``appendfsync always``): the journal says
+    which guarantee it relies on, and gives no warning when it has one."""
+    journal = RedisJournal(server.url())
+    await journal.open()
+    try:
+        assert journal._sync == ("waitaof" if _version(server) >= (7, 2) else "always")
+        await journal.ensure_run("t", "r", create=True)
+        assert await journal.append("t", "r", [_entry(1)], durable=True) == [1]
+    finally:
+        await journal.aclose()
+    assert "only as durable" not in caplog.text
+
+
+@pytest.mark.parametrize("fsync", ["everysec", "no"])
+async def test_durable_without_waitaof_or_fsync_always_warns(
+    tmp_path: Path, fsync: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On Redis 7.0/7.1 with ``appendfsync everysec`` (or ``no``) nothing can make one write
+    durable: a durable write is acknowledged after the append, as a batched one, and the store
+    says so (once) instead of claiming a guarantee; on 7.2+ it waits with WAITAOF."""
+    srv = RedisServer(tmp_path)
+    srv.extra = ["--appendfsync", fsync]  # (the later argument wins)
+    srv.start()
+    try:
+        journal = RedisJournal(srv.url())
+        await journal.open()
+        try:
+            waitaof = _version(srv) >= (7, 2)
+            assert journal._sync == ("waitaof" if waitaof else "none")
+            await journal.ensure_run("t", "r", create=True)
+            for i in (1, 2):
+                assert await journal.append("t", "r", [_entry(i)], durable=True) == [i]
+        finally:
+            await journal.aclose()
+        warned = caplog.text.count("only as durable")
+        assert warned == (0 if waitaof else 1), caplog.text
+    finally:
+        srv.stop()
+
+
 @pytest.mark.parametrize("anyio_backend", ["trio"])
 async def test_trio_is_refused_clearly(server: RedisServer, anyio_backend: str) -> None:
     with pytest.raises(crdtstore.BackendError, match="asyncio only"):

@@ -402,7 +402,13 @@ class RedisJournal(JournalBackend):
         return list(range(first, first + len(entries)))
 
     def _append_keys(self, keys: RunKeys) -> list[str]:
-        return [keys.meta, keys.stream, keys.index, keys.lock, self.keys.leases(keys.tenant)[0]]
+        return [
+            keys.meta,
+            keys.stream,
+            keys.index,
+            keys.lock,
+            self.keys.leases(keys.tenant).requests,
+        ]
 
     def _appended(self, tenant: str, run: str, keys: RunKeys, got: Sequence[bytes]) -> int:
         """The first position of an append script's answer (or its refusal, raised)."""

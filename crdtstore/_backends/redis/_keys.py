@@ -12,7 +12,7 @@ import math
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ..._errors import InvalidValue, UnsupportedURL
@@ -133,10 +133,27 @@ class Keys:
         base = self.run(tenant, run)
         return RunKeys(tenant, run, base, f"{base}:j", f"{base}:k", f"{base}:s", f"{base}:lock")
 
-    def leases(self, tenant: str) -> tuple[str, str, str]:
-        """(requests hash, counters hash, wake-up stream) of the tenant's leases."""
-        base = f"{self.tenant(tenant)}:lease"
-        return f"{base}:q", f"{base}:n", f"{base}:ev"
+    def leases(self, tenant: str) -> LeaseKeys:
+        """The keys of the tenant's lease table (see ``lua/lease.lua``)."""
+        return _lease_keys(self.tenant(tenant))
+
+
+class LeaseKeys(NamedTuple):
+    """The keys of one tenant's leases, in the order ``lua/lease.lua`` takes them."""
+
+    requests: str  # hash: request id -> the request
+    counters: str  # hash: next rank, next token (never go back), clock boot
+    events: str  # stream: hand-offs, for waiters in other processes
+    holders: str  # hash: resource -> id of the request holding it
+    queues: str  # sorted set: the waiters of each resource, in rank order
+    deadlines: str  # sorted set: request id -> deadline
+    by_key: str  # hash: owner, step, attempt -> request id
+
+
+@lru_cache(maxsize=1024)
+def _lease_keys(base: str) -> LeaseKeys:
+    b = f"{base}:lease"
+    return LeaseKeys(f"{b}:q", f"{b}:n", f"{b}:ev", f"{b}:h", f"{b}:w", f"{b}:x", f"{b}:k")
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,11 @@
 """The lease backend of ``redis://`` stores: the lease table of each tenant in its keys, every
 transition one Lua script (``lua/lease.lua``: reap, change, grant rule, in one atomic step).
 
+The table is kept in indexes (holder per resource, a queue per resource, deadlines, keys), so
+that a transition reads and writes only the requests and resources it concerns: an
+uncontended acquire or release costs one script call that touches a few small keys, whatever
+the number of leases of the tenant.
+
 Deadlines are measured on the **Redis server's clock** (``TIME`` inside the script), so
 processes on machines whose clocks disagree share one notion of expiry; a jump of the server's
 wall clock shortens or lengthens the running TTLs by as much. The tests pass a clock
@@ -21,19 +26,28 @@ expired requests first anyway).
 
 from __future__ import annotations
 
+import functools
 import json
 import secrets
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ..._errors import CrdtStoreError, InvalidResource, LeaseHeld, LeaseLost, LeaseNotFound
+from ..._errors import (
+    BackendError,
+    CrdtStoreError,
+    InvalidResource,
+    LeaseHeld,
+    LeaseLost,
+    LeaseNotFound,
+)
 from ..._leases._backend import LeaseBackend
 from ..._leases._clock import Clock, Proc, ProcessProbe, SystemProbe
 from ..._leases._engine import Req, Table, fence_error
-from ..._leases._models import LeaseState, LeaseStatus
-from ._client import mapped
+from ..._leases._models import LeaseState, LeaseStatus, lease_state
+from ._client import RedisError, mapped
 
 if TYPE_CHECKING:
     from ._journal import RedisJournal
@@ -64,7 +78,7 @@ def _req(tenant: str, a: list[Any]) -> Req:
     )
 
 
-def _table(tenant: str, raws: list[bytes], next_token: int) -> Table:
+def _table(tenant: str, raws: Iterable[bytes], next_token: int) -> Table:
     t = Table(next_token=next_token)
     for raw in raws:
         r = _req(tenant, json.loads(raw))
@@ -72,8 +86,21 @@ def _table(tenant: str, raws: list[bytes], next_token: int) -> Table:
     return t
 
 
-def _proc_args(proc: Proc) -> list[Any]:
-    return [proc.host, proc.boot, str(proc.pid), str(proc.start)]
+def _state(tenant: str, got: list[Any], now: float) -> LeaseState:
+    """The state of the request in a transition's answer (its JSON at ``got[10]``; when it
+    waits, every request of the table follows: a waiter's hints look at the requests ahead
+    of it)."""
+    r = _req(tenant, json.loads(got[10]))
+    t = Table(next_token=int(got[5]))
+    if r.state != "granted":
+        t = _table(tenant, got[11:], t.next_token)
+    t.reqs[r.rank] = r
+    return t.state_of(r, now)
+
+
+@functools.lru_cache(maxsize=256)
+def _proc_args(proc: Proc) -> tuple[bytes, ...]:
+    return tuple(str(x).encode() for x in proc)
 
 
 class RedisLeases(LeaseBackend):
@@ -93,6 +120,8 @@ class RedisLeases(LeaseBackend):
         self.clock = clock  # None: the server's clock
         self.probe: ProcessProbe = probe if probe is not None else SystemProbe()
         self._tenants: set[str] = set()
+        self._watched: dict[str, object] = {}  # tenant -> the tail that watches its hand-offs
+        self._keys: dict[str, list[bytes]] = {}  # tenant -> the keys of its lease table
         self._opened_journal = False
 
     async def open(self) -> None:
@@ -107,39 +136,57 @@ class RedisLeases(LeaseBackend):
 
     # -- plumbing -----------------------------------------------------------------------------
 
-    def _clock_args(self) -> list[str]:
-        if self.clock is None:
-            return ["", ""]
-        return [repr(float(self.clock.now())), self.clock.boot_id()]
+    def _lease_keys(self, tenant: str) -> list[bytes]:
+        keys = self._keys.get(tenant)
+        if keys is None:
+            keys = self._keys[tenant] = [k.encode() for k in self.journal.keys.leases(tenant)]
+        return keys
 
     async def _watch(self, tenant: str) -> None:
         """Have the store's tail wake this process's waiters on the tenant's hand-offs."""
-        self._tenants.add(tenant)
         tail = self.journal.tail
-        _, _, ev = self.journal.keys.leases(tenant)
-        if tail is None or tail.watching_stream(ev):
+        if tail is not None and self._watched.get(tenant) is tail:
             return
-        with mapped("leases"):
-            last = await self.journal.client.xrevrange(ev, count=1)
-        from ..._leases._api import WAKE_KEY
+        self._tenants.add(tenant)
+        if tail is None:
+            return
+        ev = self.journal.keys.leases(tenant).events
+        if not tail.watching_stream(ev):
+            with mapped("leases"):
+                last = await self.journal.client.xrevrange(ev, count=1)
+            from ..._leases._api import WAKE_KEY
 
-        wake = self.journal._wake
-        tail.watch_stream(ev, last[0][0] if last else b"0-0", lambda: wake(WAKE_KEY, tenant))
+            wake = self.journal._wake
+            tail.watch_stream(ev, last[0][0] if last else b"0-0", lambda: wake(WAKE_KEY, tenant))
+        self._watched[tenant] = tail
 
     async def _op(
-        self, tenant: str, op: str, args: list[Any], *, shield: bool = False
-    ) -> tuple[list[Any], Any, Any]:
-        """Run one transition; return (its answer's fields, the table, now) or raise its
-        refusal (after the transition committed what its reap did)."""
-        keys = list(self.journal.keys.leases(tenant))
-        with anyio.CancelScope(shield=shield), mapped(f"lease {op}"):
-            got = await self.journal.scripts.lease(keys=keys, args=[op, *self._clock_args(), *args])
-        if int(float(got[3])) > 0 and self.on_change is not None:
+        self, tenant: str, op: bytes, args: list[Any], *, shield: bool = False
+    ) -> tuple[list[Any], float]:
+        """Run one transition; return (its answer's fields, now) or raise its refusal (after
+        the transition committed what its reap did)."""
+        script = self.journal.scripts.lease
+        keys = self._lease_keys(tenant)
+        clock = self.clock
+        if clock is None:
+            args = [op, b"", b"", *args]
+        else:
+            args = [op, repr(float(clock.now())), clock.boot_id(), *args]
+        try:
+            if shield:
+                with anyio.CancelScope(shield=True):
+                    got = await script(keys=keys, args=args)
+            else:
+                got = await script(keys=keys, args=args)
+        except (TimeoutError, RedisError, OSError) as exc:
+            raise BackendError(
+                "redis", f"lease {op.decode()}: {type(exc).__name__}: {exc}"
+            ) from exc
+        if got[3] != b"0" and self.on_change is not None:
             self.on_change()
         if got[0] == b"err":
             raise self._refusal(got[4:])
-        now = float(got[1])
-        return got, _table(tenant, got[6:], int(float(got[5]))), now
+        return got, float(got[1])
 
     @staticmethod
     def _refusal(err: list[bytes]) -> CrdtStoreError:
@@ -156,12 +203,10 @@ class RedisLeases(LeaseBackend):
             return InvalidResource(json.loads(args[0]), "this key already requested them")
         return LeaseLost("?", f"unexpected answer {err!r}")  # pragma: no cover
 
-    def _state(self, got: list[Any], t: Table, now: float) -> LeaseState:
-        return t.state_of(t.reqs[int(float(got[4]))], now)
-
     async def _read(self, tenant: str) -> tuple[Table, float, str]:
         """The tenant's table, now and the boot id (a consistent read, changing nothing)."""
-        q, n, _ = self.journal.keys.leases(tenant)
+        keys = self.journal.keys.leases(tenant)
+        q, n = keys.requests, keys.counters
         with mapped("leases"):
             pipe = self.journal.client.pipeline(transaction=True)
             pipe.hgetall(q)
@@ -189,41 +234,59 @@ class RedisLeases(LeaseBackend):
         await self._watch(tenant)
         args = [
             owner,
-            key[0] if key else "",
-            str(key[1]) if key else "",
-            json.dumps(list(resources)),
+            key[0] if key else b"",
+            str(key[1]) if key else b"",
             repr(float(ttl)),
             *_proc_args(proc),
-            "1" if wait else "0",
+            b"1" if wait else b"0",
             secrets.token_hex(8),
             repr(time.time()),
+            *resources,
         ]
         try:
-            got, t, now = await self._op(tenant, "request", args)
+            got, now = await self._op(tenant, b"request", args)
         except InvalidResource as exc:
             raise InvalidResource(
                 list(resources), f"key {key!r} already requested {exc.resource}"
             ) from None
-        return self._state(got, t, now)
+        if got[7] != b"granted":
+            return _state(tenant, got, now)
+        # granted: what Table.state_of gives a holder, from the answer's fields and the
+        # arguments (a re-attached request has these resources, owner, key and TTL)
+        return lease_state(
+            {
+                "lease_id": got[6].decode(),
+                "rank": int(got[4]),
+                "owner": owner,
+                "resources": resources,
+                "state": "granted",
+                "token": int(got[8]),
+                "ttl": ttl,
+                "expires_in": float(got[9]) - now,
+                "key": key,
+                "wake_in": None,
+                "watch_pids": (),
+            }
+        )
 
     async def heartbeat(self, tenant: str, lease_id: str, owner: str, proc: Proc) -> LeaseState:
         self._tenants.add(tenant)
         try:
-            got, t, now = await self._op(tenant, "heartbeat", [lease_id, owner, *_proc_args(proc)])
+            got, now = await self._op(tenant, b"heartbeat", [lease_id, owner, *_proc_args(proc)])
         except _NotOwner as exc:
             raise LeaseNotFound(lease_id, f"belongs to another owner, not {owner!r}") from exc
-        return self._state(got, t, now)
+        return _state(tenant, got, now)
 
     async def release(self, tenant: str, lease_id: str, owner: str, token: int | None) -> None:
-        args = [lease_id, owner, "" if token is None else str(token)]
+        args = [lease_id, owner, b"" if token is None else str(token)]
         try:
-            await self._op(tenant, "release", args, shield=True)
+            await self._op(tenant, b"release", args, shield=True)
         except _NotOwner as exc:
             raise LeaseNotFound(lease_id, f"belongs to another owner, not {owner!r}") from exc
 
     async def cancel(self, tenant: str, lease_id: str, owner: str) -> bool:
         try:
-            got, _, _ = await self._op(tenant, "cancel", [lease_id, owner], shield=True)
+            got, _ = await self._op(tenant, b"cancel", [lease_id, owner], shield=True)
         except _NotOwner as exc:
             raise LeaseNotFound(lease_id, f"belongs to another owner, not {owner!r}") from exc
         return bool(got[4] == b"1")
@@ -240,7 +303,7 @@ class RedisLeases(LeaseBackend):
                 probed = r.state == "granted" and r.acked and proc is not None
                 if probed and proc is not None and self.probe.is_dead(proc):
                     dead += [r.id, str(proc.pid)]
-            got, _, _ = await self._op(tenant, "reap", dead)
+            got, _ = await self._op(tenant, b"reap", dead)
             removed += int(float(got[4]))
         return removed
 
@@ -250,8 +313,17 @@ class RedisLeases(LeaseBackend):
         return t.status(tenant, now, time.time())
 
     async def check(self, tenant: str, lease_id: str, resource: str, token: int) -> None:
-        t, now, boot = await self._read(tenant)
-        err = fence_error(t.find(tenant, lease_id), resource, token, now, boot)
+        with mapped("leases"):
+            pipe = self.journal.client.pipeline(transaction=True)
+            pipe.hget(self.journal.keys.leases(tenant).requests, lease_id)
+            pipe.time()
+            raw, (sec, usec) = await pipe.execute()
+        r = None if raw is None or not isinstance(lease_id, str) else _req(tenant, json.loads(raw))
+        if self.clock is None:
+            now, boot = sec + usec / 1e6, SERVER_BOOT
+        else:
+            now, boot = self.clock.now(), self.clock.boot_id()
+        err = fence_error(r, resource, token, now, boot)
         if err is not None:
             raise err
 

@@ -1,6 +1,6 @@
 -- Append entries to a run's journal at the next dense positions, atomically.
 -- KEYS[1] run hash, KEYS[2] journal stream, KEYS[3] key index, KEYS[4] authority lock,
--- KEYS[5] the tenant's lease requests (read only by a fenced append)
+-- KEYS[5] the tenant's lease requests (one of them read by a fenced append)
 -- ARGV[1] lock token ('' for a plain append), ARGV[2] expected head ('' for any), ARGV[3] n,
 -- ARGV[4] guard ('' none; JSON {seen, keys: [[collection, key]...], scopes: [...], fence:
 -- [lease id, token, resource, now ('' = this server's TIME), clock boot]}), then per entry:
@@ -63,18 +63,16 @@ if ARGV[4] ~= '' then
       now, boot = tonumber(fence[4]), fence[5]
     end
     local ok = false
-    for _, raw in ipairs(redis.call('HVALS', KEYS[5])) do
-      -- the request layout of lease.lua: [2] id, [6] resources, [7] state, [8] token,
-      -- [16] clock boot, [19] expires
+    local raw = redis.call('HGET', KEYS[5], fence[1])
+    if raw then
+      -- the request layout of lease.lua: [6] resources, [7] state, [8] token, [16] clock
+      -- boot, [19] expires
       local a = cjson.decode(raw)
-      if a[2] == fence[1] then
-        if a[7] == 'granted' and tonumber(a[8]) == tonumber(fence[2]) and a[16] == boot
-            and tonumber(a[19]) > now then
-          for _, x in ipairs(a[6]) do
-            if x == fence[3] then ok = true end
-          end
+      if a[7] == 'granted' and tonumber(a[8]) == tonumber(fence[2]) and a[16] == boot
+          and tonumber(a[19]) > now then
+        for _, x in ipairs(a[6]) do
+          if x == fence[3] then ok = true end
         end
-        break
       end
     end
     if not ok then return {'fence'} end
