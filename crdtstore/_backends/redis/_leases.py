@@ -2,26 +2,18 @@
 transition one Lua script (``lua/lease.lua``: reap, change, grant rule, in one atomic step).
 
 The table is kept in indexes (holder per resource, a queue per resource, deadlines, keys), so
-that a transition reads and writes only the requests and resources it concerns: an
-uncontended acquire or release costs one script call that touches a few small keys, whatever
-the number of leases of the tenant.
+that an uncontended acquire or release is one script call touching a few small keys, whatever
+the number of leases of the tenant. Deadlines are measured on the **Redis server's clock**
+(``TIME`` inside the script), so processes whose clocks disagree share one notion of expiry;
+tests pass a clock (``RedisLeases(journal, clock=FakeClock())``) that the scripts use instead.
 
-Deadlines are measured on the **Redis server's clock** (``TIME`` inside the script), so
-processes on machines whose clocks disagree share one notion of expiry; a jump of the server's
-wall clock shortens or lengthens the running TTLs by as much. The tests pass a clock
-(``RedisLeases(journal, clock=FakeClock())``) whose readings the scripts then use instead.
-
-**Dead holders.** A holder's process can only be probed from its own machine: ``reap()`` reads
-the granted requests, asks the process probe (``/proc``) about the ones that ran on this
-host in this boot, and removes those that are provably dead (the script checks that they are
-still the same grant). A holder on another machine that dies is reaped by its TTL only.
+**Dead holders.** A holder's process can only be probed from its own machine: ``reap()`` asks
+the process probe (``/proc``) about the granted requests of this host and boot, and removes
+those provably dead (the script checks they are still the same grant); a holder on another
+machine that dies is reaped by its TTL. ``reap()`` covers the tenants this backend served.
 
 **Wake-ups.** A transition that grants someone else's request appends to the tenant's wake-up
-stream; the store's stream read (its tail) wakes this process's waiters on it, as the SQLite
-store's datagrams do.
-
-``reap()`` reaps the tenants this backend has served (every transition reaps its own tenant's
-expired requests first anyway).
+stream; the store's stream read (its tail) wakes this process's waiters on it.
 """
 
 from __future__ import annotations

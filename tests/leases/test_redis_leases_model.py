@@ -24,9 +24,8 @@ from hypothesis.stateful import invariant, rule
 from crdtstore._backends.redis import RedisJournal, RedisLeases
 from crdtstore._backends.redis._keys import Keys
 from crdtstore._leases import LeaseBackend
-
-from ._redis import RedisServer
-from .test_leases_model import LeaseMachine, Model, T
+from tests._redis import RedisServer
+from tests.leases.test_leases_model import LeaseMachine, Model, T
 
 _SERVER: list[RedisServer] = []
 
