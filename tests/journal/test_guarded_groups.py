@@ -138,7 +138,9 @@ async def test_a_refused_writer_retries_into_the_transaction_under_way(
                 tg.start_soon(increment)
         assert m.get("n") == 8
         assert refused[0] > 0
-        assert opened[0] < 8
+        # one transaction per attempt without grouping (8 + refused); under load the writers
+        # may not all wait at once, so fewer than that proves retries joined one under way
+        assert opened[0] < 8 + refused[0]
         journal = await rec.journal()
         # every entry is one increment, decided on the one before it
         assert [e.effect[0][4] for e in journal] == list(range(9))
