@@ -21,7 +21,7 @@ from ._errors import LeaseHeld
 from ._heap import release_free_memory
 from ._journal import JournalBackend, RunInfo, SnapshotRow
 from ._leases import Lease
-from .record._replay import BulkLoad
+from .record._replay import collector_paused
 from .record._replica import Replica
 from .record._state import READ_CHUNK
 
@@ -127,21 +127,28 @@ class _Compaction:
             replica.import_state(snap.state)
             seq = start = replica.seq = snap.seq
         del snap
-        bulk = BulkLoad(replica, run)
+        # Entry by entry in journal order (apply_rows, as a record's opening), not a
+        # BulkLoad: in groups of one transaction it applies faster than merging groups,
+        # and a key's provenance read once per group costs less than holding every write
+        # of it until the end (bench/resume.py). The replica is new: nothing of its own.
         gap = False
         while seq < target:
-            rows = await self._backend.read(self.tenant, run, seq, min(READ_CHUNK, target - seq))
+            with collector_paused():  # (the read and each piece: see collector_paused)
+                rows = await self._backend.read(
+                    self.tenant, run, seq, min(READ_CHUNK, target - seq)
+                )
             if not rows:
                 break
             gap = gap or rows[0].seq != seq + 1
             for at in range(0, len(rows), _FEED):  # yield to other tasks between pieces
-                bulk.feed(rows[at : at + _FEED])
+                with collector_paused():
+                    replica.apply_rows(rows[at : at + _FEED], run, settle=False, own=False)
                 await anyio.lowlevel.checkpoint()
             seq = replica.seq = rows[-1].seq
             del rows
             if progress is not None:
                 progress(seq, target)
-        bulk.finish()
+        replica._settle()  # (packed once: see apply_rows)
         return replica, start, gap
 
     async def compact(

@@ -50,7 +50,7 @@ from ._authority import SyncEstimate
 from ._authority import _SQLiteAuthority as _SQLiteAuthority
 from ._guarded import FenceCheck, guarded_tx
 from ._inline import _LoopPath
-from ._rows import _COLS, HISTORY_COLS, _append_tx, _history_rows, _rows
+from ._rows import _COLS, _READ, _READ_SKIPPING, HISTORY_COLS, _append_tx, _history_rows, _rows
 from ._schema import _SCHEMA, _Conn, _dumps, _is_busy, _migrate
 from ._schema import sqlite_path as sqlite_path
 
@@ -429,14 +429,12 @@ class SQLiteJournal(_LoopPath, JournalBackend):
         self, tenant: str, run: str, after: int, limit: int = 10_000, *, skip_client: int = -1
     ) -> list[Row]:
         rid = await self._run_id(tenant, run)
-        # the skipped client's own entries come back light: no update bytes, no effect to parse
-        sql = (
-            "SELECT seq, agent, source, client_id, wall_time,"
-            " CASE WHEN client_id = ? THEN X'' ELSE upd END,"
-            " CASE WHEN client_id = ? THEN '[]' ELSE effect END, crc, origin, call"
-            " FROM journal WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?"
-        )
-        params = (skip_client, skip_client, rid, after, limit)
+        sql: str
+        params: tuple[Any, ...]
+        if skip_client == -1:  # (no client id is -1: every entry whole, a load's read)
+            sql, params = _READ, (rid, after, limit)
+        else:
+            sql, params = _READ_SKIPPING, (skip_client, skip_client, rid, after, limit)
         raw: list[Any] | None = None
         if limit <= INLINE_ROWS:
             await anyio.lowlevel.checkpoint_if_cancelled()
