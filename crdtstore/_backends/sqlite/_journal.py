@@ -69,6 +69,7 @@ class SQLiteJournal(_LoopPath, JournalBackend):
     """A journal in one SQLite file, shared by the processes of one machine."""
 
     name = "sqlite"
+    small_reads_inline = True  # reads of at most INLINE_ROWS rows: on the loop thread
 
     def __init__(self, url: str) -> None:
         self.path = sqlite_path(url)
