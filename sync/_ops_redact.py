@@ -77,6 +77,9 @@ async def _redact(ctx: OpContext, params: dict[str, JsonValue]) -> JsonValue:
         raise InvalidValue(f"{REDACT_OP}: {loc}: {first['msg']}") from None
     lock = _LOCKS.setdefault(ctx.conn.room, anyio.Lock())
     async with lock:
+        # what the hub's record holds (plain Yjs clients' updates) is journaled first: the
+        # redaction reads the journal, and must find the value wherever it was written
+        await ctx.rec.flush()
         try:
             result = await ctx.store.redact(
                 ctx.run,

@@ -10,6 +10,7 @@ local store's errors (``IndexError`` included)."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import sys
@@ -20,6 +21,7 @@ from typing import Any
 
 import anyio
 import pytest
+from pydantic import ValidationError
 
 from crdtstore import (
     CollectionSpec,
@@ -29,7 +31,7 @@ from crdtstore import (
     Store,
     open_store,
 )
-from sync import Forbidden, TokenClaims, mint
+from sync import Forbidden, TokenClaims, TokenInvalid, mint, verify
 from sync._client import WsJournal
 from tests._wait import until
 from tests.network.test_sync_processes import (
@@ -213,8 +215,29 @@ async def test_a_redaction_through_the_hub_reaches_every_client_and_leaves_no_by
     assert not any(s in out for s in secrets)
 
 
+def test_the_redact_right_is_a_claim_of_its_own() -> None:
+    """Only ``rw`` tokens may carry it; a token without it is signed over the same claims as
+    before the right existed (older hubs accept it), one with it verifies with it."""
+    claims = {"tenant": TENANT, "run": RUN, "agent": "a", "mode": "rw", "exp": 2**40}
+    plain = mint(SECRET.encode(), TokenClaims.model_validate(claims))
+    payload = plain.split(".")[0]
+    signed = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    assert "redact" not in signed
+    assert verify(SECRET.encode(), plain).redact is False
+    granted = mint(SECRET.encode(), TokenClaims.model_validate({**claims, "redact": True}))
+    assert verify(SECRET.encode(), granted).redact is True
+    with pytest.raises(ValidationError):
+        TokenClaims.model_validate({**claims, "mode": "ro", "redact": True})
+    with pytest.raises(ValidationError):
+        TokenClaims.model_validate({**claims, "redact": "yes"})
+    # signed without the model's check (a foreign minter): the hub refuses it
+    forged = TokenClaims.model_construct(**{**claims, "mode": "ro", "redact": True})
+    with pytest.raises(TokenInvalid):
+        verify(SECRET.encode(), mint(SECRET.encode(), forged))
+
+
 async def test_a_token_without_the_right_is_refused_and_nothing_changes(tmp_path: Path) -> None:
-    async with hub(tmp_path) as (_, _h, url), ws_store(url, "writer") as wstore:
+    async with hub(tmp_path) as (f, _h, url), ws_store(url, "writer") as wstore:
         writer = await _fill(wstore)
         try:
             head = (await wstore.run_info(RUN)).head
@@ -233,6 +256,12 @@ async def test_a_token_without_the_right_is_refused_and_nothing_changes(tmp_path
                     await backend.call(RUN, "run.redact", {"collection": "m", "key": "k"})
                 with pytest.raises(Forbidden):
                     await backend.call(RUN, "run.redact", {"bogus": True})
+            # a plain Yjs client sending the op (its token: rw, no redact right)
+            js = await f.js_client(url, "js")
+            reply = await js.cmd(
+                "request", op="run.redact", params={"collection": "m", "key": "k"}, timeout=30
+            )
+            assert reply["response"]["error"]["code"] == "FORBIDDEN", reply
             assert (await wstore.run_info(RUN)).head == head
             assert [
                 (e.seq, e.agent, e.update, e.effect) for e in await wstore.journal(RUN)
