@@ -57,4 +57,4 @@ class RemoteJournal(ABC):
             UnsupportedOperation: the server does not redact.
             IndexError: ``index`` or ``span`` out of range (as on a local store).
         """
-        raise UnsupportedOperation(type(self).__name__, "redact")
+        raise UnsupportedOperation(getattr(self, "name", type(self).__name__), "redact")

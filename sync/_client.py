@@ -114,6 +114,9 @@ class WsJournal(JournalBackend, RemoteJournal):
     next call instead of reconnecting; a write through a read-only token fails with
     :class:`crdtstore.ReadOnlyAccess` (final: the record stops journaling, as for a closed run).
 
+    **Redaction** (``store.redact``) is done by the hub on its store, as the token's agent,
+    for a token with the ``redact`` right (else ``Forbidden``): see :mod:`sync._ops_redact`.
+
     Not supported through a hub (``UnsupportedOperation``): compaction and snapshots, deleting
     or closing runs, nested runs, raw journal transactions (``authority``); ``store.runs()``
     lists only the runs this store has opened. Leases go to the hub

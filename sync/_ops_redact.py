@@ -19,6 +19,7 @@ with ``INDEX_OUT_OF_RANGE``, which the client raises as the ``IndexError`` a loc
 
 from __future__ import annotations
 
+import logging
 import weakref
 from typing import Annotated, Final
 
@@ -32,6 +33,8 @@ from ._redact_rpc import INDEX_OUT_OF_RANGE, REDACT_OP
 from ._tokens import Forbidden
 
 __all__ = ["MAX_REASON", "REDACT_OP", "RedactParams"]
+
+log = logging.getLogger("sync.hub")
 
 MAX_REASON: Final = 1024  # characters of a redaction's reason
 
@@ -93,6 +96,17 @@ async def _redact(ctx: OpContext, params: dict[str, JsonValue]) -> JsonValue:
             )
         except IndexError as exc:
             raise _OutOfRange(str(exc)) from None
+    where = p.key if p.index is None and p.span is None else (p.index, p.span)
+    log.info(  # (never the value: only where it was)
+        "%s/%s: %s redacted %s %r%s (%s)",
+        ctx.tenant,
+        ctx.run,
+        ctx.claims.agent,
+        p.collection,
+        where,
+        "" if p.field is None else f" field {p.field!r}",
+        p.reason,
+    )
     # the hub's record of the run has applied the delete (and sent it to the run's plain Yjs
     # connections) before the answer
     await ctx.rec.sync()
