@@ -62,11 +62,6 @@ OPTIONS: dict[str, Any] = {"connect_timeout": 30.0, "min_backoff": 0.02, "max_ba
 DEADLINE = 60.0
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def token(agent: str, *, mode: str = "rw", redact: bool = False) -> str:
     claims = TokenClaims(
         tenant=TENANT,
@@ -133,6 +128,7 @@ def _holds(rec: Any) -> list[str]:
     return [s for s in SECRETS.values() if s.encode() in doc or s in str(rec.to_dict())]
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # (the others run on trio too)
 async def test_a_redaction_through_the_hub_reaches_every_client_and_leaves_no_byte(
     tmp_path: Path,
 ) -> None:
