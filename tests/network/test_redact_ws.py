@@ -311,3 +311,23 @@ async def test_bad_redactions_through_the_hub_get_the_local_errors(tmp_path: Pat
             assert writer.map("m").get("k") == SECRETS["key"] + "-v2"
         finally:
             await writer.__aexit__(None, None, None)
+
+
+def test_the_token_command_grants_the_redact_right_only_with_rw(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from typer.testing import CliRunner
+
+    from crdtstore.cli import app
+
+    monkeypatch.setenv("CRDTSTORE_SECRET", SECRET)
+    base = ["token", "--tenant", "t", "--run", "r", "--agent", "dpo"]
+    granted = CliRunner().invoke(app, [*base, "--rw", "--redact"])
+    assert granted.exit_code == 0, granted.output
+    assert verify(SECRET.encode(), granted.output.strip().splitlines()[-1]).redact is True
+    plain = CliRunner().invoke(app, [*base, "--rw"])
+    assert plain.exit_code == 0, plain.output
+    assert verify(SECRET.encode(), plain.output.strip().splitlines()[-1]).redact is False
+    refused = CliRunner().invoke(app, [*base, "--ro", "--redact"])
+    assert refused.exit_code == 1
+    assert "redact" in refused.output and "jti" not in refused.output
