@@ -13,6 +13,7 @@ that holds every other client as it is), whose string lengths say where each blo
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Callable
 from typing import Any
 
 from .codec import CodecError, Decoder
@@ -86,16 +87,25 @@ def _run_start(root: Any, text: str, index: int, got: tuple[int, int]) -> int:
 
 
 def _blocks(
-    root: Any, text: str, client: int, at: int, end: int, raw: int
+    root: Any,
+    text: str,
+    client: int,
+    at: int,
+    end: int,
+    raw: int,
+    known: tuple[list[int], list[int]] | None = None,
+    offset: Callable[[int], int] | None = None,
 ) -> list[tuple[int, int, int]] | None:
     """From character ``at``, the first of a block of ``client``, each block up to character
     ``end`` as ``(first character, its clock, characters)``, hopping block by block with
-    their lengths from the document (None if it does not show that chain)."""
-    first = item_id(root, utf8_offset(text, at))  # a block's first character: exact
+    their lengths from the document (``known``: its string blocks of ``client``, read
+    already) (None if it does not show that chain)."""
+    offset = offset or (lambda i: utf8_offset(text, i))
+    first = item_id(root, offset(at))  # a block's first character: exact
     if first is None or first[0] != client:
         return None
     clock = first[1]
-    starts, lengths = string_blocks(root.doc, client, clock, raw)
+    starts, lengths = known if known is not None else string_blocks(root.doc, client, clock, raw)
     out: list[tuple[int, int, int]] = []
     while at < end:
         i = bisect_right(starts, clock) - 1
@@ -107,11 +117,30 @@ def _blocks(
         out.append((at, clock, n))
         at += n
         if at < end:
-            nxt = item_id(root, utf8_offset(text, at))
+            nxt = item_id(root, offset(at))
             if nxt is None or nxt[0] != client:
                 return None
             clock = nxt[1]  # the next block's first character: exact
     return out
+
+
+class _Offsets:
+    """UTF-8 offsets of characters of one text, asked mostly in increasing order (each
+    answer advances from the last one: linear over a walk of the text, not quadratic)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.ascii = text.isascii()
+        self.char = self.byte = 0
+
+    def __call__(self, index: int) -> int:
+        if self.ascii:
+            return index
+        if index < self.char:
+            self.char = self.byte = 0
+        self.byte += _utf8(self.text[self.char : index])
+        self.char = index
+        return self.byte
 
 
 def exact_runs(
@@ -119,20 +148,35 @@ def exact_runs(
 ) -> list[tuple[int, int, int]]:
     """``runs`` as :func:`~.record._item_provenance.text_runs` gives them (``(first character,
     client, clock)``, up to ``end``) with exact clocks: a run that is not ASCII is split
-    into its blocks, and a first run that starts inside a block is placed in it."""
-    out: list[tuple[int, int, int]] = []
+    into its blocks, and a first run that starts inside a block is placed in it. Each
+    client's string blocks are read from the document once."""
     bounds = [r[0] for r in runs[1:]] + [end]
+    todo: list[tuple[int, int, int, int, int]] = []  # (run, block start, stop, client, raw)
+    span: dict[int, tuple[int, int]] = {}  # client -> (lowest, highest) clock asked
     for n, (at, client, raw) in enumerate(runs):
         stop = bounds[n]
         inside = n == 0 and at > 0  # (every other run starts where a block does)
         if client < 0 or (text[: stop - 1] if inside else text[at : stop - 1]).isascii():
-            out.append((at, client, raw))
             continue
         lo = _run_start(root, text, at, (client, raw)) if inside else at
-        last = item_id(root, utf8_offset(text, stop - 1))
-        blocks = _blocks(root, text, client, lo, stop, raw if last is None else last[1])
+        low = raw - _utf8(text[lo:at])  # (the run's clocks as pycrdt names them)
+        high = raw + _utf8(text[at:stop])
+        todo.append((n, lo, stop, client, raw))
+        was = span.get(client)
+        span[client] = (low, high) if was is None else (min(was[0], low), max(was[1], high))
+    if not todo:
+        return runs
+    known = {c: string_blocks(root.doc, c, lo, hi) for c, (lo, hi) in span.items()}
+    offset = _Offsets(text)
+    out: list[tuple[int, int, int]] = []
+    done = 0
+    for n, lo, stop, client, raw in todo:
+        out += runs[done:n]
+        done = n + 1
+        at = runs[n][0]
+        blocks = _blocks(root, text, client, lo, stop, raw, known[client], offset)
         if blocks is None:
-            out.append((at, client, raw))
+            out.append(runs[n])
             continue
         for first, clock, count in blocks:
             if first + count <= at:
@@ -141,6 +185,7 @@ def exact_runs(
                 clock += _utf16(text[first:at])
                 first = at
             out.append((first, client, clock))
+    out += runs[done:]
     return out
 
 
