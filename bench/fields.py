@@ -16,7 +16,8 @@
    spread over 20 fields (the field read has 500 writes) and over 4 (2,500), and all on the
    one field (10,000); ``await m.history(key, field)`` reads only that field's journal rows
    (its physical key's). Baseline in the same run: ``rec.history`` of an ordinary map key
-   written 10,000 times. Median of 5 calls. Target: under 50 ms.
+   written 10,000 times. Median of 5 calls, CPU time (the SQLite read runs in a worker
+   thread: process CPU counts it) and wall time. Target: under 50 ms of CPU.
 
 Ratios are given from wall-clock time and from process CPU time.
 """
@@ -144,26 +145,28 @@ async def history_of_a_field(n: int, calls: int = 5) -> list[Result]:
                     ("the one field, 10k patches", fm.history, ("one", "status")),
                     ("ordinary map key, 10k sets (baseline)", rec.history, ("p", "k")),
                 ]
-                timed: dict[str, tuple[float, int]] = {}
+                timed: dict[str, tuple[float, float, int]] = {}
                 for what, call, args in cases:
-                    times = []
+                    walls, cpus = [], []
                     for _ in range(calls):
-                        t0 = time.perf_counter()
+                        t0, c0 = time.perf_counter(), time.process_time()
                         got = await call(*args)
-                        times.append(time.perf_counter() - t0)
-                    timed[what] = (median(times), len(got))
-    base = timed[cases[-1][0]][0]
-    for what, (secs, count) in timed.items():
-        ms = secs * 1e3
-        rows.append([what, f"{count:,}", fmt(ms, "ms"), fmt(secs / base, "x")])
+                        cpus.append(time.process_time() - c0)
+                        walls.append(time.perf_counter() - t0)
+                    timed[what] = (median(walls), median(cpus), len(got))
+    base_wall, base_cpu = timed[cases[-1][0]][:2]
+    for what, (wall, cpu, count) in timed.items():
+        ms = cpu * 1e3
+        rows.append([what, f"{count:,}", fmt(ms, "ms"), fmt(wall * 1e3, "ms"),
+                     fmt(cpu / base_cpu, "x"), fmt(wall / base_wall, "x")])  # fmt: skip
         if what != cases[-1][0]:
             met = ms < TARGET_HISTORY_MS
-            results.append(Result("fields", f"history, {what}", ms, "ms", base * 1e3,
-                                  secs / base, f"< {TARGET_HISTORY_MS:g} ms", met))  # fmt: skip
+            results.append(Result("fields", f"history CPU, {what}", ms, "ms", base_cpu * 1e3,
+                                  cpu / base_cpu, f"< {TARGET_HISTORY_MS:g} ms", met))  # fmt: skip
     print()
     print(f"2. history of one field, sqlite:///, entries with {n:,} journaled patches; median of"
           f" {calls} calls")  # fmt: skip
-    table(["history of", "entries", "time", "ratio to baseline"], rows)
+    table(["history of", "entries", "CPU", "wall", "CPU ratio", "wall ratio"], rows)
     return results
 
 
