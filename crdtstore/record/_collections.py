@@ -18,10 +18,10 @@ from .._journal import Op
 from .._model_plan import ModelPlan
 from .._models import Span, Version
 from .._semantics import validate_value
-from .._text_ids import char_id, item_id
 from .._values import encodable, from_stored, to_stored
 from ._item_provenance import text_authorship, to_provenance
 from ._pycrdt import list_values
+from ._text_ids import char_id, item_id
 from ._textdiff import apply_text_edits, text_diff
 
 if TYPE_CHECKING:

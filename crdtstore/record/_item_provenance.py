@@ -31,10 +31,10 @@ from typing import Any
 
 from .._journal import Op, Row
 from .._models import Provenance
-from .._text_ids import exact_runs, item_id
 from ..codec import CodecError, encode_var_uint, read_var_uint_at
 from ..codec._ranges import first_clock, struct_ranges
 from ._provenance import Meta, _EntryTable, _increasing
+from ._text_ids import exact_runs, item_id
 
 _OPEN = -1  # the end of a local entry's range: where the client's next range starts
 

@@ -16,8 +16,8 @@ from bisect import bisect_right
 from collections.abc import Callable
 from typing import Any
 
-from .codec import CodecError, Decoder
-from .codec._v1 import decode_state_vector, encode_state_vector
+from ..codec import CodecError, Decoder
+from ..codec._v1 import decode_state_vector, encode_state_vector
 
 
 def item_id(root: Any, index: int) -> tuple[int, int] | None:
