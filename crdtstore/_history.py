@@ -10,12 +10,12 @@ validation, as pydantic's ``model_construct`` builds them but without its per-ca
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
+from ._gc_pause import collector_paused
 from ._journal import HistoryRow
 from ._models import HistoryEntry, Provenance
 from ._store_redact import MARKER
@@ -78,17 +78,11 @@ def entries(run: str, collection: str, key: str, rows: Iterable[HistoryRow]) -> 
     order of ``rows``. A ``del`` or ``redact`` op is a deletion; a ``set`` whose value was
     redacted since (a redaction marker) keeps the write, not its value."""
     rows = rows if isinstance(rows, list) else list(rows)
-    if len(rows) < _PAUSE_FROM or not gc.isenabled():
+    if len(rows) < _PAUSE_FROM:
         return _entries(run, collection, key, rows)
-    # Two models per write, none of them in a reference cycle: on a small heap the cyclic
-    # collector would otherwise run several full passes over every object while they are
-    # built (the greater part of the time for 10k writes), and could free nothing of them.
-    # Synchronous, so no other task of this thread runs with the collector paused.
-    gc.disable()
-    try:
+    # two models per write, none in a reference cycle: see crdtstore._gc_pause
+    with collector_paused():
         return _entries(run, collection, key, rows)
-    finally:
-        gc.enable()
 
 
 _PAUSE_FROM = 1000  # rows: below this the collector costs less than its pause is worth

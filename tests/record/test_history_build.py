@@ -5,12 +5,13 @@ state as the caller left it afterwards."""
 from __future__ import annotations
 
 import gc
+from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
-from crdtstore import HistoryEntry, Provenance
+from crdtstore import HistoryEntry, Provenance, open_store
 from crdtstore._history import entries
 from crdtstore._journal import HistoryRow
 
@@ -92,3 +93,22 @@ def test_the_collector_runs_again_after_an_error() -> None:
     with pytest.raises(IndexError):
         entries("r", "f", KEY, rows)
     assert gc.isenabled()
+
+
+@pytest.mark.anyio
+async def test_a_sqlite_history_read_leaves_the_collector_as_it_was(tmp_path: Path) -> None:
+    async with open_store(f"sqlite:///{tmp_path / 's.db'}") as store:
+        async with store.open_record(run="r", agent="a") as rec:
+            for i in range(1200):
+                await rec.map("m").set("k", i)
+            await rec.flush()
+            assert gc.isenabled()
+            got = await rec.history("m", "k")
+            assert [h.value for h in got] == list(range(1200))
+            assert gc.isenabled()
+            gc.disable()
+            try:
+                assert len(await rec.history("m", "k")) == 1200
+                assert not gc.isenabled()  # a caller's pause is not ended by the read
+            finally:
+                gc.enable()
