@@ -177,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--leases", type=int, default=None, help="lease pairs (default 2,000)")
     ap.add_argument("--procs", default=None, help="propagation process counts (default 2,8)")
     ap.add_argument("--prop-n", type=int, default=None, help="writes per process (default 300)")
+    ap.add_argument("--only", default="writes,leases,propagation,hubs",
+                    help="comma list of parts to run (default all)")  # fmt: skip
     args = ap.parse_args(argv)
     n = args.n or (5_000 if args.quick else 20_000)
     pairs = args.leases or (500 if args.quick else 2_000)
@@ -189,10 +191,15 @@ def main(argv: list[str] | None = None) -> int:
         (folder / "redis").mkdir()
         server = Server(folder / "redis")
         try:
-            results += bench_writes(server, folder, n)
-            results += bench_leases(server, pairs)
-            results += bench_propagation(server, folder, procs, prop_n)
-            results += bench_hubs(server, prop_n)
+            only = set(args.only.split(","))
+            if "writes" in only:
+                results += bench_writes(server, folder, n)
+            if "leases" in only:
+                results += bench_leases(server, pairs)
+            if "propagation" in only:
+                results += bench_propagation(server, folder, procs, prop_n)
+            if "hubs" in only:
+                results += bench_hubs(server, prop_n)
         finally:
             server.stop()
     for r in results:

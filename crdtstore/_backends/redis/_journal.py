@@ -390,7 +390,7 @@ class RedisJournal(JournalBackend):
         backoff = Backoff("append")
         while True:
             with mapped("append"):
-                got = await self.scripts.append(keys=self._append_keys(keys), args=args)
+                got = await self.scripts.call("append", self._append_keys(keys), args)
             if got[0] != b"locked":
                 break
             await backoff.wait()
@@ -449,8 +449,8 @@ class RedisJournal(JournalBackend):
                     raise BackendError("redis", "the authority lost its lock (silent too long)")
             else:
                 skip = str(skip_client) if skip_client >= 0 else ""
-                raw = await self.scripts.read(
-                    keys=[keys.stream, keys.meta], args=[after, limit, skip]
+                raw = await self.scripts.call(
+                    "read", [keys.stream, keys.meta], [after, limit, skip]
                 )
         if raw == b"unknown":
             raise UnknownRun(keys.tenant, keys.run)
@@ -592,7 +592,7 @@ class RedisJournal(JournalBackend):
         entries = auth.pending
         args = [auth.token, auth.head, len(entries), "", *entry_args(entries)]
         with mapped("authority commit"):
-            got = await self.scripts.append(keys=self._append_keys(keys), args=args)
+            got = await self.scripts.call("append", self._append_keys(keys), args)
         first = self._appended(tenant, run, keys, got)
         if self._tail is not None:
             self._tail.wrote(keys.stream, first, entries)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..._journal import NewEntry, Row
-from ._client import RedisError
+from ._client import RedisError, pack, send
 from ._rows import row_of
 
 log = logging.getLogger("crdtstore.redis")
@@ -261,9 +261,21 @@ class Tail:
                 self._reading = version
                 if self._version == version:
                     self.healthy = True  # (set once the read is sent on a working client)
-                reply = await self._client.execute_command(
-                    "XREAD", "COUNT", COUNT, "BLOCK", self._block_ms, "STREAMS", *keys, *ids
+                args = (
+                    b"XREAD",
+                    b"COUNT",
+                    COUNT,
+                    b"BLOCK",
+                    self._block_ms,
+                    b"STREAMS",
+                    *keys,
+                    *ids,
                 )
+                conn = self._client.connection  # (the client's one connection: CLIENT ID's)
+                if conn is None or pack is None:  # pragma: no cover - without hiredis
+                    reply = await self._client.execute_command(*args)
+                else:  # on the connection itself: no per-command machinery of redis-py
+                    reply = await send(conn, args)
                 self._reading = -1
                 got = _xread_entries(reply)
                 if got:
