@@ -62,7 +62,7 @@ def free_port() -> int:
 class Server:
     """A ``redis-server`` of this run (stopped at the end)."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, nice: int = 0) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise SystemExit("redis-server is not installed (apt-get install -y redis-server)")
@@ -72,7 +72,13 @@ class Server:
             "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
             "--daemonize", "no", "--logfile", str(folder / "redis.log"),
         ]  # fmt: skip
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # nice < 0: the server before the clients for the CPU (a Redis host of its own)
+        self.proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=(lambda: os.setpriority(os.PRIO_PROCESS, 0, nice)) if nice else None,
+        )
         deadline = time.monotonic() + 20
         while True:
             try:

@@ -116,7 +116,8 @@ def child(
                 await rec.flush()
                 with anyio.move_on_after(30):
                     await done.wait()
-                cpu = (time.process_time() - c0) / (time.perf_counter() - t0)
+                cpu_s = time.process_time() - c0
+                cpu = cpu_s / (time.perf_counter() - t0)
                 tg.cancel_scope.cancel()
         seq_of: dict[int, tuple[int, int, int]] = {}  # i -> (seq, sent, answered)
         k = 0
@@ -132,6 +133,7 @@ def child(
             "reads": reads,
             "observed": observed,
             "cpu": cpu,
+            "cpu_s": cpu_s,
             "batches": len(appends),
         }
 
@@ -273,12 +275,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--procs", type=int, default=8)
     ap.add_argument("-n", type=int, default=300, help="writes per process")
     ap.add_argument("--interval", type=float, default=0.02)
+    ap.add_argument("--redis-nice", type=int, default=0, help="redis-server's nice value")
     ap.add_argument("--monitor", action="store_true", help="stamp script runs by MONITOR")
     ap.add_argument("--sqlite", action="store_true", help="also the plain SQLite harness")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="crdtstore-bench-stages-") as tmp:
         (Path(tmp) / "redis").mkdir()
-        server = Server(Path(tmp) / "redis")
+        server = Server(Path(tmp) / "redis", nice=args.redis_nice)
         try:
             import threading
 
@@ -291,7 +294,11 @@ def main(argv: list[str] | None = None) -> int:
             mon = threading.Thread(target=monitor, args=(server.port, stop, served, bases))
             if args.monitor:
                 mon.start()
+            from redis_journal import _server_cpu
+
+            s0 = _server_cpu(server)
             results = run(server.url("s"), args.procs, args.n, args.interval, bases)
+            server_cpu = _server_cpu(server) - s0
             stop.set()
             probe.join()
             if args.monitor:
@@ -320,13 +327,17 @@ def main(argv: list[str] | None = None) -> int:
           f"p99 {percentile(pings, 99):.2f} ms ({len(pings):,})")  # fmt: skip
     cpu = sum(r["cpu"] for r in results) / len(results)
     batches = sum(r["batches"] for r in results)
-    print(
-        f"CPU per process {cpu * 100:.0f}%; {batches:,} appends for {args.procs * args.n:,} writes"
-    )
+    writes = args.procs * args.n
+    client_us = sum(r["cpu_s"] for r in results) / writes * 1e6
+    print(f"CPU per process {cpu * 100:.0f}%; {batches:,} appends for {writes:,} writes")
+    print(f"CPU per write (all processes, writing and observing): clients {client_us:.0f} us"
+          f" + redis-server {server_cpu / writes * 1e6:.0f} us")  # fmt: skip
     print("(xread is from the writer's append sent; 'append' overlaps it)")
     table(["server command", "calls", "us/call"], stats)
     if args.sqlite:
-        print(f"sqlite:/// same run: p50 {sq['p50']:.2f} ms, p99 {sq['p99']:.2f} ms")
+        per_write = sq["cpu"] * args.interval * 1e6  # (CPU share x interval)
+        print(f"sqlite:/// same run: p50 {sq['p50']:.2f} ms, p99 {sq['p99']:.2f} ms;"
+              f" CPU per write ~{per_write:.0f} us")  # fmt: skip
     return 0
 
 

@@ -167,7 +167,16 @@ class RedisJournal(JournalBackend):
         keys = self.keys.run_keys(tenant, run)
         self._attached[id(record)] = keys.stream
         seen = getattr(record, "applied_seq", 0)
-        self._tail.watch_run(keys.stream, keys.meta, tenant, run, int(seen or 0))
+        replica = getattr(record, "replica", None)
+        client = getattr(replica, "client_id", None)
+        self._tail.watch_run(
+            keys.stream,
+            keys.meta,
+            tenant,
+            run,
+            int(seen or 0),
+            client if isinstance(client, int) else None,
+        )
 
     def detach(self, tenant: str, run: str, record: Any) -> None:
         stream = self._attached.pop(id(record), None)
