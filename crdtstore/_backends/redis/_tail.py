@@ -133,7 +133,7 @@ class Tail:
     # -- what is watched ------------------------------------------------------------------
 
     def watch_run(
-        self, stream: str, meta: str, tenant: str, run: str, seen: int, client: int | None = None
+        self, stream: str, meta: str, tenant: str, run: str, seen: int, client: object = None
     ) -> None:
         """Wake ``wake(tenant, run)`` for entries past ``seen`` that this store did not write
         (``client``: the client id of the reader, whose own entries wake nobody while it is
@@ -147,7 +147,8 @@ class Tail:
                 return
             got.seen = seen  # the new reader may have missed a wake-up: read from there
         else:
-            self._runs[key] = _Run(tenant, run, meta, 1, seen, client=client)
+            own = client if isinstance(client, int) else None
+            self._runs[key] = _Run(tenant, run, meta, 1, seen, client=own)
         self._restart()
 
     def unwatch_run(self, stream: str) -> None:
