@@ -4,6 +4,7 @@
 
     python bench/redis_journal.py            # 20k batched writes, 8-process propagation
     python bench/redis_journal.py --quick    # 5k writes, 4 and 8 processes, fewer leases
+    python bench/redis_journal.py --only leases,propagation --procs 8
 
 - **batched writes**: ``await rec.map("m").set(f"k{i}", i)`` N times, then ``flush()``,
   through ``redis://``; against (a) raw redis-py ``XADD`` of the same update bytes to one
