@@ -16,7 +16,8 @@
    spread over 20 fields (the field read has 500 writes) and over 4 (2,500), and all on the
    one field (10,000); ``await m.history(key, field)`` reads only that field's journal rows
    (its physical key's). Baseline in the same run: ``rec.history`` of an ordinary map key
-   written 10,000 times. Median of 5 calls. Target: under 50 ms.
+   written 10,000 times. Median of 11 rounds over the cases, CPU time (the SQLite read
+   runs in a worker thread: process CPU counts it) and wall time. Target: under 50 ms of CPU.
 
 Ratios are given from wall-clock time and from process CPU time.
 """
@@ -120,7 +121,7 @@ async def patch_vs_set(n: int, repeats: int) -> list[Result]:
     return results
 
 
-async def history_of_a_field(n: int, calls: int = 5) -> list[Result]:
+async def history_of_a_field(n: int, calls: int = 11) -> list[Result]:
     results = []
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -144,26 +145,30 @@ async def history_of_a_field(n: int, calls: int = 5) -> list[Result]:
                     ("the one field, 10k patches", fm.history, ("one", "status")),
                     ("ordinary map key, 10k sets (baseline)", rec.history, ("p", "k")),
                 ]
-                timed: dict[str, tuple[float, int]] = {}
-                for what, call, args in cases:
-                    times = []
-                    for _ in range(calls):
-                        t0 = time.perf_counter()
-                        got = await call(*args)
-                        times.append(time.perf_counter() - t0)
-                    timed[what] = (median(times), len(got))
-    base = timed[cases[-1][0]][0]
-    for what, (secs, count) in timed.items():
-        ms = secs * 1e3
-        rows.append([what, f"{count:,}", fmt(ms, "ms"), fmt(secs / base, "x")])
+                # the cases round-robin, so that load falls on all of them alike
+                walls: dict[str, list[float]] = {what: [] for what, _, _ in cases}
+                cpus: dict[str, list[float]] = {what: [] for what, _, _ in cases}
+                counts: dict[str, int] = {}
+                for _ in range(calls):
+                    for what, call, args in cases:
+                        t0, c0 = time.perf_counter(), time.process_time()
+                        counts[what] = len(await call(*args))
+                        cpus[what].append(time.process_time() - c0)
+                        walls[what].append(time.perf_counter() - t0)
+                timed = {w: (median(walls[w]), median(cpus[w]), counts[w]) for w in counts}
+    base_wall, base_cpu = timed[cases[-1][0]][:2]
+    for what, (wall, cpu, count) in timed.items():
+        ms = cpu * 1e3
+        rows.append([what, f"{count:,}", fmt(ms, "ms"), fmt(wall * 1e3, "ms"),
+                     fmt(cpu / base_cpu, "x"), fmt(wall / base_wall, "x")])  # fmt: skip
         if what != cases[-1][0]:
             met = ms < TARGET_HISTORY_MS
-            results.append(Result("fields", f"history, {what}", ms, "ms", base * 1e3,
-                                  secs / base, f"< {TARGET_HISTORY_MS:g} ms", met))  # fmt: skip
+            results.append(Result("fields", f"history CPU, {what}", ms, "ms", base_cpu * 1e3,
+                                  cpu / base_cpu, f"< {TARGET_HISTORY_MS:g} ms", met))  # fmt: skip
     print()
     print(f"2. history of one field, sqlite:///, entries with {n:,} journaled patches; median of"
           f" {calls} calls")  # fmt: skip
-    table(["history of", "entries", "time", "ratio to baseline"], rows)
+    table(["history of", "entries", "CPU", "wall", "CPU ratio", "wall ratio"], rows)
     return results
 
 

@@ -4,7 +4,7 @@ and the time for a new client to join a run holding a 10 MB record.
     python bench/hub.py                  # 1,500 updates at 100/s per trial, 3 rounds, 10 MB
     python bench/hub.py --quick          # 150 updates at 100/s, 1 round, 2 MB (< 60 s)
     python bench/hub.py --no-ystore      # without pycrdt-websocket + SQLiteYStore
-    python bench/hub.py --ab /tmp/before,  # our hub only: code trees A/B ("" = working tree)
+    python bench/hub.py --ab /tmp/before,  # code trees A/B ("" = working tree) and the relay
 
 The servers run side by side, each in a process of its own (``_hub_server.py``): our hub
 (:class:`sync.Hub` on a ``sqlite:///`` store, journaling every update), pycrdt-websocket's
@@ -298,9 +298,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--ab",
         metavar="TREES",
-        help="our hub only, one server per code tree (comma-separated directories holding "
+        help="our hub, one server per code tree (comma-separated directories holding "
         "crdtstore/ and sync/, e.g. a `git archive` copy; an empty name is the working tree), "
-        "alternating trials: CPU per update, to compare changes on a shared machine",
+        "and the floor relay, alternating trials: CPU per update and its ratio to the relay's, "
+        "to compare changes on a shared machine",
     )
     ap.add_argument(
         "--idle-runs",
@@ -529,14 +530,17 @@ def propagation(
 
 
 def ab(trees: list[str], counts: list[int], n: int, rate: float, repeat: int) -> int:
-    """Our hub from each code tree, trials alternating (order reversed every other round):
-    the median hub CPU per update (and per update per observer) of each tree."""
+    """Our hub from each code tree and the floor relay, trials alternating (order reversed
+    every other round): the median hub CPU per update (and per update per observer) of each
+    tree, and its ratio to the relay's of the same run (issue 20's figure)."""
     print(f"\n-- A/B: {n} updates at {rate:g}/s, {repeat} round(s), trees {trees}", flush=True)
     cpu: dict[tuple[int, int], list[float]] = {}
+    names = [tree or "working tree" for tree in trees] + ["floor relay"]
     with tempfile.TemporaryDirectory(prefix="bench-hub-ab-") as tmp:
         store = f"sqlite:///{tmp}/store.db"
         secret = secrets.token_hex(16).encode()
         servers = [start_server("crdtstore", store, secret, None, tree) for tree in trees]
+        servers.append(start_server("relay", store, secret, None))
         try:
             for rnd in range(repeat):
                 for obs in counts:
@@ -545,7 +549,7 @@ def ab(trees: list[str], counts: list[int], n: int, rate: float, repeat: int) ->
                         tr = trial(s, obs, n, rate)
                         cpu.setdefault((i, obs), []).append(tr.cpu_s / tr.updates * 1e6)
                         print(
-                            f"   round {rnd + 1} {trees[i] or 'working tree':24} {obs:3} "
+                            f"   round {rnd + 1} {names[i]:24} {obs:3} "
                             f"observers: {tr.cpu_s / tr.updates * 1e6:6.0f} us/update, "
                             f"p50 {percentile(tr.latencies_ms, 50):.2f} ms"
                             + (f", LOST {tr.lost}" if tr.lost else "")
@@ -555,14 +559,19 @@ def ab(trees: list[str], counts: list[int], n: int, rate: float, repeat: int) ->
         finally:
             for s in servers:
                 stop(s.proc)
+    relay = len(servers) - 1
     table(
-        ["tree", *(f"{obs} observers: us/update (/observer)" for obs in counts)],
+        ["server", *(f"{obs} observers: us/update (/observer), x relay" for obs in counts)],
         [
             [
-                tree or "working tree",
-                *(f"{med(cpu[(i, obs)]):.0f} ({med(cpu[(i, obs)]) / obs:.1f})" for obs in counts),
+                name,
+                *(
+                    f"{med(cpu[(i, obs)]):.0f} ({med(cpu[(i, obs)]) / obs:.1f}), "
+                    f"{med(cpu[(i, obs)]) / med(cpu[(relay, obs)]):.2f}x"
+                    for obs in counts
+                ),
             ]
-            for i, tree in enumerate(trees)
+            for i, name in enumerate(names)
         ],
     )
     print(f"   load average at the end {os.getloadavg()[0]:.2f}")

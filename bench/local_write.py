@@ -13,7 +13,8 @@ runs interleaved; the best run is the one least disturbed by other load, as ``ti
 - 1,000 sets per call: ``await rec.map("m").update({...})`` (same journal entries as above).
 
 The record's time runs until ``await rec.flush()`` returns (the memory journal holds every entry).
-Target: record >= 0.5x raw pycrdt in every variant.
+Target: record >= 0.5x raw pycrdt in every variant; >= 0.7x with one set per transaction
+(issue 20).
 
 On a loaded machine the best-of-N runs of the two sides meet different load. The second table
 (``--slices``, on by default) interleaves finely instead: slices of 500 raw writes and 500
@@ -52,7 +53,18 @@ from pycrdt import Doc, Map
 
 import crdtstore
 
-TARGET = 0.5
+TARGET = 0.5  # every variant (issue 2)
+TARGET_ONE_SET = 0.7  # one set per transaction (issue 20)
+
+
+def _met(x: float, target: float) -> str:
+    return "met" if x >= target else "MISSED"
+
+
+def target_of(name: str) -> float:
+    return TARGET_ONE_SET if "1 set per transaction" in name else TARGET
+
+
 BATCH = 1000
 STORE_OPTIONS: dict[str, Any] = {}  # open_store options (--no-auto-compact)
 
@@ -307,8 +319,8 @@ def main(argv: list[str] | None = None) -> int:
                 fmt(raw_rate, "/s"),
                 f"{ratio:.2f}x",
                 f"{cpu_ratio:.2f}x",
-                f">= {TARGET}x",
-                "met" if ratio >= TARGET else "MISSED",
+                f">= {target_of(name)}x",
+                "met" if ratio >= target_of(name) else "MISSED",
             ]
         )
         results.append(
@@ -319,8 +331,8 @@ def main(argv: list[str] | None = None) -> int:
                 "writes/s",
                 raw_rate,
                 ratio,
-                f">= {TARGET}x raw",
-                ratio >= TARGET,
+                f">= {target_of(name)}x raw",
+                ratio >= target_of(name),
             )
         )
     print()
@@ -336,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         table(
             ["variant", "CPU ratio", "target", ""],
             [
-                [name, f"{x:.2f}x", f">= {TARGET}x", "met" if x >= TARGET else "MISSED"]
+                [name, f"{x:.2f}x", f">= {target_of(name)}x", _met(x, target_of(name))]
                 for name, x in (
                     ("1 set per transaction", one),
                     (f"{SLICE} sets per `async with rec.transaction()`", many),
@@ -344,7 +356,8 @@ def main(argv: list[str] | None = None) -> int:
             ],
         )
         for name, x in (("interleaved, 1 set per transaction", one), ("interleaved, txn", many)):
-            Result("local_write", name, x, "x", 1.0, x, f">= {TARGET}x raw", x >= TARGET).emit()
+            t = target_of(name)
+            Result("local_write", name, x, "x", 1.0, x, f">= {t}x raw", x >= t).emit()
     for r in results:
         r.emit()
     return 0

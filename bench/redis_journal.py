@@ -4,6 +4,7 @@
 
     python bench/redis_journal.py            # 20k batched writes, 8-process propagation
     python bench/redis_journal.py --quick    # 5k writes, 4 and 8 processes, fewer leases
+    python bench/redis_journal.py --only leases,propagation --procs 8
 
 - **batched writes**: ``await rec.map("m").set(f"k{i}", i)`` N times, then ``flush()``,
   through ``redis://``; against (a) raw redis-py ``XADD`` of the same update bytes to one
@@ -62,7 +63,7 @@ def free_port() -> int:
 class Server:
     """A ``redis-server`` of this run (stopped at the end)."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, nice: int = 0) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise SystemExit("redis-server is not installed (apt-get install -y redis-server)")
@@ -72,7 +73,13 @@ class Server:
             "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
             "--daemonize", "no", "--logfile", str(folder / "redis.log"),
         ]  # fmt: skip
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # nice < 0: the server before the clients for the CPU (a Redis host of its own)
+        self.proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=(lambda: os.setpriority(os.PRIO_PROCESS, 0, nice)) if nice else None,
+        )
         deadline = time.monotonic() + 20
         while True:
             try:
@@ -177,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--leases", type=int, default=None, help="lease pairs (default 2,000)")
     ap.add_argument("--procs", default=None, help="propagation process counts (default 2,8)")
     ap.add_argument("--prop-n", type=int, default=None, help="writes per process (default 300)")
+    ap.add_argument("--only", default="writes,leases,propagation,hubs",
+                    help="comma list of parts to run (default all)")  # fmt: skip
     args = ap.parse_args(argv)
     n = args.n or (5_000 if args.quick else 20_000)
     pairs = args.leases or (500 if args.quick else 2_000)
@@ -189,10 +198,15 @@ def main(argv: list[str] | None = None) -> int:
         (folder / "redis").mkdir()
         server = Server(folder / "redis")
         try:
-            results += bench_writes(server, folder, n)
-            results += bench_leases(server, pairs)
-            results += bench_propagation(server, folder, procs, prop_n)
-            results += bench_hubs(server, prop_n)
+            only = set(args.only.split(","))
+            if "writes" in only:
+                results += bench_writes(server, folder, n)
+            if "leases" in only:
+                results += bench_leases(server, pairs)
+            if "propagation" in only:
+                results += bench_propagation(server, folder, procs, prop_n)
+            if "hubs" in only:
+                results += bench_hubs(server, prop_n)
         finally:
             server.stop()
     for r in results:

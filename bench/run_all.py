@@ -56,7 +56,9 @@ def run(name: str, extra: list[str]) -> tuple[int, list[dict[str, Any]], float]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--full", action="store_true", help="full sizes instead of --quick")
+    sizes = ap.add_mutually_exclusive_group()
+    sizes.add_argument("--quick", action="store_true", help="quick sizes (the default)")
+    sizes.add_argument("--full", action="store_true", help="full sizes instead of --quick")
     ap.add_argument("--only", default=",".join(BENCHES), help="comma-separated benchmarks")
     ap.add_argument(
         "--wait-quiet",

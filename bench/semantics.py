@@ -17,7 +17,7 @@ processes, and ``keep_all`` reads with siblings.
    returns; the figure is the best chunk of ``--repeats`` runs (the chunk least disturbed by
    other load on a shared machine), with the median of the chunk-by-chunk ratios beside it.
    Also printed: pydantic's validate + dump alone, as a share of a plain write. Target:
-   declared / plain <= 1.5x.
+   declared / plain <= 1.3x (issue 20).
 2. **guarded writes across processes** (``sqlite:///``): 1, 2 and 4 processes
    (``sys.executable``), each looping for a fixed time over ``value, version =
    m.get_versioned(key)`` then ``await m.set(key, value + 1, expected_version=version)``, on one
@@ -71,7 +71,7 @@ from pydantic import BaseModel
 import crdtstore
 from crdtstore import CollectionSpec, Conflict
 
-TARGET_DECLARED = 1.5
+TARGET_DECLARED = 1.3  # issue 20 (was 1.5)
 TARGET_KEEP_ALL_WARM = 10.0  # keep_all get / lww get, warm
 TARGET_KEEP_ALL_FIRST_US = 1000.0  # keep_all get after a change, 100 siblings
 TARGET_GUARDED_ONE = 0.5  # guarded / raw writes/s: one writer, read-increment-write

@@ -7,8 +7,12 @@ order, and the counter's value is the sum of its entries. A replica that reopens
 gets a new client id, hence a new key; the old key keeps what it added.
 
 What a write to a counter may do (checked for every writer, plain Yjs clients through the
-hub included): set a key to a finite number; never delete one. With ``max_value`` a write
-that raises the value past it is refused (``BudgetExceeded``); lowering it is always allowed.
+hub included): set a key that names the writer (``<agent>\x1f...``, or ``<agent>``) to a
+finite number; never delete one. A key is owned by the agent it names, as a map entry under
+the ``owner`` policy by its creator: another agent's write of it (which could undo what that
+agent added) is refused with the owner policy's ``PolicyViolation``. So a counter takes no
+policy of its own. With ``max_value`` a write that raises the value past it is refused
+(``BudgetExceeded``); lowering it is always allowed.
 """
 
 from __future__ import annotations
@@ -78,6 +82,12 @@ def check_counter_spec(
     max_value: float | None,
 ) -> None:
     """Raises ``InvalidValue`` for a counter declaration that cannot hold."""
+    if policy == "owner":
+        raise InvalidValue(
+            f"collection {name!r}: a counter takes no owner policy: it always applies the"
+            " owner rule, per key (each key belongs to the agent it names, and only that"
+            " agent writes it); declare it with the default policy"
+        )
     if policy != "open" or conflict != "lww":
         raise InvalidValue(f"collection {name!r}: a counter takes the open policy and lww only")
     if any(b is not None for b in budgets) or model is not None:
@@ -104,10 +114,12 @@ def check_amount(amount: object) -> int | float:
 
 
 def check_counter_op(op: list[Any], agent: str, max_value: float | None, state: Any) -> None:
-    """Refuse an op on a counter that is not a numeric set, or that passes ``max_value``.
+    """Refuse an op on a counter that is not a numeric set of a key of ``agent``'s own, or
+    that passes ``max_value``.
 
     Raises:
-        PolicyViolation: a delete, a list or text op, or a value that is not a number.
+        PolicyViolation: a delete, a list or text op, a value that is not a number, or a
+            key that names another agent (policy ``owner``, as a map entry's).
         BudgetExceeded: the write raises the counter past ``max_value``.
     """
     name = op[1]
@@ -116,6 +128,9 @@ def check_counter_op(op: list[Any], agent: str, max_value: float | None, state: 
             "counter", agent, name, op[3] if op[0] == "map" else None, "may only add"
         )
     key, value = op[3], op[4]
+    owner = agent_of_key(key)
+    if owner != agent:
+        raise PolicyViolation("owner", agent, name, key, f"the entry belongs to {owner!r}")
     if not is_number(value) or type(value) is bool or abs(value) > MAX_SAFE:
         raise PolicyViolation("counter", agent, name, key, f"holds numbers, not {value!r}")
     if max_value is None:

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
+from ._gc_pause import collector_paused
 from ._journal import HistoryRow
 from ._models import HistoryEntry, Provenance
 from ._store_redact import MARKER
@@ -26,6 +27,11 @@ _put = object.__setattr__
 
 
 _FIELDS = {cls: set(cls.model_fields) for cls in (Provenance, HistoryEntry)}
+# the setters of BaseModel's three slots (a member descriptor each)
+_SLOTS = tuple(
+    BaseModel.__dict__[name].__set__
+    for name in ("__pydantic_fields_set__", "__pydantic_extra__", "__pydantic_private__")
+)
 
 
 def built(cls: type[M], fields: dict[str, Any]) -> M:
@@ -71,19 +77,36 @@ def entries(run: str, collection: str, key: str, rows: Iterable[HistoryRow]) -> 
     """One :class:`HistoryEntry` per op of ``rows`` that writes ``collection[key]``, in the
     order of ``rows``. A ``del`` or ``redact`` op is a deletion; a ``set`` whose value was
     redacted since (a redaction marker) keeps the write, not its value."""
+    rows = rows if isinstance(rows, list) else list(rows)
+    if len(rows) < _PAUSE_FROM:
+        return _entries(run, collection, key, rows)
+    # two models per write, none in a reference cycle: see crdtstore._gc_pause
+    with collector_paused():
+        return _entries(run, collection, key, rows)
+
+
+_PAUSE_FROM = 1000  # rows: below this the collector costs less than its pause is worth
+
+
+def _entries(run: str, collection: str, key: str, rows: list[HistoryRow]) -> list[HistoryEntry]:
     out: list[HistoryEntry] = []
     append = out.append
-    # built() inlined, and one fields set shared by all (a frozen model never changes its
-    # own; model_copy copies it first): the loop runs once per journaled write
+    # built() inlined, with the slots set through their descriptors (one C call each), and
+    # one fields set shared by all (a frozen model never changes its own; model_copy copies
+    # it first): the loop runs once per journaled write
+    new, put = _new, _put
+    prov_cls, entry_cls = Provenance, HistoryEntry
+    set_fields, set_extra, set_private = _SLOTS
     prov_set, entry_set = _FIELDS[Provenance], _FIELDS[HistoryEntry]
+    marker = MARKER
     for seq, agent, source, wall_time, origin, call, ops in rows:
         prov = None
         for op in ops:
             if op[3] != key or op[1] != collection or op[0] != "map":
                 continue
             if prov is None:
-                prov = _new(Provenance)
-                _put(
+                prov = new(prov_cls)
+                put(
                     prov,
                     "__dict__",
                     {
@@ -95,30 +118,33 @@ def entries(run: str, collection: str, key: str, rows: Iterable[HistoryRow]) -> 
                         "call": call or None,
                     },
                 )
-                _put(prov, "__pydantic_fields_set__", prov_set)
-                _put(prov, "__pydantic_extra__", None)
-                _put(prov, "__pydantic_private__", None)
-            verb = op[2]
-            if verb == "set":
+                set_fields(prov, prov_set)
+                set_extra(prov, None)
+                set_private(prov, None)
+            entry = new(entry_cls)
+            if op[2] == "set":
                 value = op[4]
-                redacted = type(value) is dict and len(value) == 1 and MARKER in value
-                fields = {
-                    "value": None if redacted else value,
-                    "deleted": False,
-                    "provenance": prov,
-                    "redacted": redacted,
-                }
+                if type(value) is dict and len(value) == 1 and marker in value:
+                    put(
+                        entry,
+                        "__dict__",
+                        {"value": None, "deleted": False, "provenance": prov, "redacted": True},
+                    )
+                else:
+                    put(
+                        entry,
+                        "__dict__",
+                        {"value": value, "deleted": False, "provenance": prov, "redacted": False},
+                    )
             else:  # "del", or "redact" (the value is gone)
-                fields = {
-                    "value": None,
-                    "deleted": True,
-                    "provenance": prov,
-                    "redacted": verb == "redact",
-                }
-            entry = _new(HistoryEntry)
-            _put(entry, "__dict__", fields)
-            _put(entry, "__pydantic_fields_set__", entry_set)
-            _put(entry, "__pydantic_extra__", None)
-            _put(entry, "__pydantic_private__", None)
+                redacted = op[2] == "redact"
+                put(
+                    entry,
+                    "__dict__",
+                    {"value": None, "deleted": True, "provenance": prov, "redacted": redacted},
+                )
+            set_fields(entry, entry_set)
+            set_extra(entry, None)
+            set_private(entry, None)
             append(entry)
     return out

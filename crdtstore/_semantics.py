@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -84,6 +84,11 @@ class CollectionSpec(BaseModel):
     A ``counter`` is a map in the document (a plain Yjs client sees a ``Y.Map`` of numbers:
     one key per writing replica, holding that replica's running total; the value is their
     sum); it takes the ``open`` policy and ``lww`` only, no entry or byte budgets, no model.
+    Each of its keys belongs to the agent it names: another agent's write of one is refused
+    as the ``owner`` policy refuses it on a map.
+
+    Raises:
+        InvalidValue: an option this class does not have (``owner=...``, a misspelling).
     """
 
     model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
@@ -97,6 +102,17 @@ class CollectionSpec(BaseModel):
     model: type[BaseModel] | None = Field(default=None, exclude=True)
     merge: Merge = "value"
     max_value: int | float | None = None
+
+    if not TYPE_CHECKING:  # (the checker sees pydantic's own signature of the fields)
+
+        def __init__(self, **data: Any) -> None:
+            # pydantic ignores unknown keywords: CollectionSpec(owner="a") would declare an
+            # open collection; a misspelt or imagined option is refused instead
+            unknown = sorted(k for k in data if k not in _SPEC_FIELDS)
+            if unknown:
+                hint = " (for owned entries: policy='owner')" if "owner" in unknown else ""
+                raise InvalidValue(f"CollectionSpec has no option {', '.join(unknown)}{hint}")
+            super().__init__(**data)
 
     def declaration(self) -> dict[str, Any]:
         """The JSON form persisted in the run's config (``merge`` only when not the default,
@@ -133,8 +149,13 @@ class CollectionSpec(BaseModel):
             raise InvalidValue(f"collection {name!r}: merge='fields' applies to maps only")
 
 
+_SPEC_FIELDS = frozenset(CollectionSpec.model_fields)
+
+
 def spec_from_declaration(data: Mapping[str, Any]) -> CollectionSpec:
-    return CollectionSpec.model_validate({k: v for k, v in data.items() if k != "model_name"})
+    """The spec a run's config declares (its ``model_name``, and any option a later version
+    may persist, left out: a declaration already made is read, not refused)."""
+    return CollectionSpec.model_validate({k: v for k, v in data.items() if k in _SPEC_FIELDS})
 
 
 class StateView(Protocol):

@@ -62,6 +62,15 @@ async def delete_live(
     if kind == "map":
         assert key is not None
         m = rec.map(collection)
+        entry, sep, field = key.partition(FIELD_SEP)
+        spec = rec.spec(collection)
+        if sep and spec is not None and spec.merge == "fields":
+            # a field of a merge="fields" map: the map shows entries, not physical keys
+            current = m.get(entry)
+            if not (isinstance(current, dict) and field in current):
+                return [], None
+            await m.patch(entry, {}, remove=[field])
+            return [], current[field]
         value = m.get(key)
         if key in m:
             await m.delete(key)

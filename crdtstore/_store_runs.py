@@ -16,6 +16,7 @@ from ._errors import CrdtStoreError, InvalidValue
 from ._journal import Durability, JournalBackend, NewEntry, RunInfo, RunRow, checksum
 from ._names import check_key, check_name
 from ._notify import Notifier
+from ._remote_journal import RemoteJournal
 from ._semantics import CollectionSpec
 from .record._record import Record
 
@@ -160,10 +161,14 @@ class _RunLifecycle:
         ``redact`` entry is appended and the journal compacted into a fresh snapshot
         without the value (see :mod:`crdtstore._store_redact`).
 
+        Through a hub (``ws://``) the hub redacts on its store, as the token's agent
+        (``agent`` is not applied), if the token has the ``redact`` right.
+
         Raises:
             InvalidValue: not exactly one of a key, ``index`` or ``span``, or a bad one.
             IndexError: ``index`` or ``span`` out of range.
-            UnsupportedOperation: the backend cannot rewrite entries (``ws://``).
+            UnsupportedOperation: the backend cannot rewrite entries.
+            Forbidden: (``ws://``, code ``FORBIDDEN``) the token lacks the ``redact`` right.
         """
         from ._store_redact import check_target, delete_live, marker, rewrite_rows
         from .codec import KeyIndex, decode_update
@@ -180,6 +185,19 @@ class _RunLifecycle:
         if physical is not None:
             check_key(physical)
         backend = self._backend
+        if isinstance(backend, RemoteJournal):  # the server redacts (as the token's agent)
+            result = await backend.redact(
+                self.tenant,
+                root,
+                collection,
+                key,
+                field=field,
+                index=index,
+                span=span,
+                reason=reason,
+            )
+            self._notifier.notify(self.tenant, root)  # this store's records read the delete
+            return result
         if type(backend).rewrite_entries is JournalBackend.rewrite_entries:
             from ._errors import UnsupportedOperation
 

@@ -90,6 +90,7 @@ def issue_token(
     ttl: float = DEFAULT_TTL,
     secret_file: Path | None = None,
     now: float | None = None,
+    redact: bool = False,
 ) -> tuple[TokenClaims, str]:
     """As :func:`mint_token`, with the claims (``claims.jti`` is the id to revoke it by)."""
     if not ttl > 0:
@@ -104,6 +105,7 @@ def issue_token(
             mode="rw" if rw else "ro",
             exp=int(start + ttl),
             jti=new_jti(),
+            redact=redact,
         )
     except ValidationError as exc:
         first = exc.errors()[0]
@@ -482,6 +484,10 @@ def token(
         bool, typer.Option("--rw/--ro", help="Allow writes (--rw) or only reads (--ro).")
     ] = False,
     ttl: Annotated[float, typer.Option("--ttl", help="Seconds the token stays valid.")] = 3600.0,
+    redact: Annotated[
+        bool,
+        typer.Option("--redact", help="Also allow store.redact through the hub (needs --rw)."),
+    ] = False,
     secret_file: SecretFileOpt = None,
 ) -> None:
     """Mint a token for the sync hub (--tenant, --run and --agent are required): its id
@@ -496,7 +502,13 @@ def token(
         raise _fail(f"missing option(s) {', '.join(missing)}", 2)
     try:
         claims, minted = issue_token(
-            tenant=tenant, run=run, agent=agent, rw=rw, ttl=ttl, secret_file=secret_file
+            tenant=tenant,
+            run=run,
+            agent=agent,
+            rw=rw,
+            ttl=ttl,
+            secret_file=secret_file,
+            redact=redact,
         )
     except CrdtStoreError as exc:
         raise _fail(str(exc)) from None

@@ -26,6 +26,7 @@ import base64
 import logging
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
+from functools import partial
 from typing import Any, Literal
 from urllib.parse import quote, unquote, urlsplit
 
@@ -35,6 +36,7 @@ from pydantic import JsonValue
 
 from crdtstore import (
     BackendError,
+    CompactionResult,
     InvalidValue,
     StoreClosed,
     UnknownRun,
@@ -55,6 +57,7 @@ from crdtstore.backend import (
 
 from ._lease_rpc import RemoteLeases
 from ._link import _EMPTY_UPDATES, _ConnectionLost, _Link
+from ._redact_rpc import forget_redacted, request_redact
 from ._rows import _entry_json, _row, _run_row
 
 __all__ = ["WsJournal"]
@@ -110,6 +113,9 @@ class WsJournal(JournalBackend, RemoteJournal):
     (close 4404/4410) or a token closed while connected (4401/4403) raise the typed error at the
     next call instead of reconnecting; a write through a read-only token fails with
     :class:`crdtstore.ReadOnlyAccess` (final: the record stops journaling, as for a closed run).
+
+    **Redaction** (``store.redact``) is done by the hub on its store, as the token's agent,
+    for a token with the ``redact`` right (else ``Forbidden``): see :mod:`sync._ops_redact`.
 
     Not supported through a hub (``UnsupportedOperation``): compaction and snapshots, deleting
     or closing runs, nested runs, raw journal transactions (``authority``); ``store.runs()``
@@ -470,7 +476,7 @@ class WsJournal(JournalBackend, RemoteJournal):
         kept = link.cached(after, limit, skip_client)
         if kept is not None:
             self.reads_kept += 1
-            return kept
+            return forget_redacted(link, kept)
         epoch = link.epoch
         out: list[Row] = []
         while len(out) < limit:
@@ -495,7 +501,7 @@ class WsJournal(JournalBackend, RemoteJournal):
                 link.saw(out[-1].seq)
             if not rows or got.get("more") is not True:
                 break
-        return out
+        return forget_redacted(link, out)
 
     async def head(self, tenant: str, run: str) -> int:
         await self._link(tenant, run)
@@ -533,6 +539,24 @@ class WsJournal(JournalBackend, RemoteJournal):
         if not isinstance(got, list):
             raise BackendError("ws", "malformed journal.history answer")
         return [_row(r) for r in got]
+
+    async def redact(
+        self,
+        tenant: str,
+        run: str,
+        collection: str,
+        key: str | None,
+        *,
+        field: str | None,
+        index: int | None,
+        span: tuple[int, int] | None,
+        reason: str,
+    ) -> CompactionResult:
+        """The hub redacts (``run.redact``): see :func:`sync._redact_rpc.request_redact`."""
+        await self._link(tenant, run)
+        return await request_redact(
+            partial(self.call, run), collection, key, field, index, span, reason
+        )
 
     # -- config -----------------------------------------------------------------------------
 

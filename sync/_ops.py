@@ -6,9 +6,10 @@ the error's stable code and fields). Handlers are registered with :func:`op`; mo
 define ops are imported by the hub (:mod:`sync._hub`) so that their registration runs.
 
 An op declared ``write=True`` is refused for a read-only token (error ``READ_ONLY``) before
-its handler runs. Every handler acts on behalf of the connection's token (``ctx.claims``):
-its agent and source, its tenant, and the run of the connection (``ctx.run``); never on
-anything the client says about who it is.
+its handler runs; an op that needs a right of its own checks the claim first and refuses
+with ``FORBIDDEN`` (``run.redact``: :mod:`sync._ops_redact`). Every handler acts on behalf
+of the connection's token (``ctx.claims``): its agent and source, its tenant, and the run of
+the connection (``ctx.run``); never on anything the client says about who it is.
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ from ._errors import ProtocolError
 from ._hub_conn import _CURRENT
 from ._messages import Push, Update, decode_state_vector, encode
 from ._ops import OpContext, op
+from ._ops_redact import REDACT_OP as REDACT_OP  # registers run.redact (of this run too)
 
 if TYPE_CHECKING:
     from ._hub_conn import _Conn
@@ -110,6 +111,7 @@ def _run_json(row: RunRow | None) -> JsonValue:
 #                             expected?: [collection, key, version],
 #                             based_on?: [scope, seq],
 #                             fence?: [lease_id, token, resource]} -> seq        (write)
+#     run.redact       see sync._ops_redact (needs the token's redact right)
 #
 #     run = {tenant, run, created, head, snapshot_seq, parent, state, delete_after}
 #     row = [seq, agent, source, client_id, wall_time, update, effect, checksum, origin, call?]

@@ -34,7 +34,14 @@ from pathlib import Path
 from typing import Annotated, Final, Literal
 
 import pydantic_core
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from crdtstore import CrdtStoreError, InvalidValue, UnsupportedURL
 from crdtstore.backend import check_name, sqlite_path
@@ -117,7 +124,8 @@ class TokenExpired(TokenInvalid):
 
 
 class Forbidden(TokenError):
-    """The token is valid, but not for this tenant or run (or not for writing)."""
+    """The token is valid, but not for this tenant or run (or not for writing, or it lacks
+    the right an op needs: ``redact``). As the answer to an op, the connection stays open."""
 
     code = "FORBIDDEN"
     http_status = 403
@@ -164,7 +172,14 @@ class TokenClaims(BaseModel):
     in ``*``) of ``tenant``, reading (``ro``) or reading and writing (``rw``), until ``exp``
     (seconds since the epoch). ``source`` is the provenance source kind of its writes;
     ``jti`` the token's unique id (None in tokens minted without one: those cannot be
-    revoked)."""
+    revoked).
+
+    ``redact`` (only with ``rw``) lets the agent redact values of those runs through the hub
+    (``store.redact`` on a ``ws://`` store, the op ``run.redact``). Redaction removes what
+    other agents wrote, from the record and from the journal's bytes, so it is a right of its
+    own that a plain ``rw`` token does not have (a data-protection officer's token, say); a
+    token without it is refused with :class:`Forbidden` and nothing changes. Left out of the
+    signed claims when false, so tokens without it read as before."""
 
     model_config = ConfigDict(frozen=True, strict=True, extra="forbid")
 
@@ -175,6 +190,13 @@ class TokenClaims(BaseModel):
     exp: Annotated[int, Field(ge=0)]
     source: Literal["tool", "model", "user", "system"] = "model"
     jti: Annotated[str, Field(pattern=_JTI_PATTERN)] | None = None
+    redact: bool = False
+
+    @model_validator(mode="after")
+    def _redact_needs_rw(self) -> TokenClaims:
+        if self.redact and self.mode != "rw":
+            raise ValueError("the redact right needs mode 'rw'")
+        return self
 
     @field_validator("tenant")
     @classmethod
@@ -262,7 +284,9 @@ def mint(secret: bytes, claims: TokenClaims) -> str:
         SecretMissing: ``secret`` is shorter than :data:`MIN_SECRET_BYTES`.
     """
     _check_secret(secret)
-    payload = _b64(claims.model_dump_json().encode())
+    # (``redact`` only when granted: a token without it is the same bytes as before it existed)
+    dumped = claims.model_dump_json(exclude=None if claims.redact else {"redact"})
+    payload = _b64(dumped.encode())
     return f"{payload}.{_b64(_signature(secret, payload))}"
 
 

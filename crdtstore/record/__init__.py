@@ -26,6 +26,7 @@ tests/project/test_import_graph.py) and crdtstore's lower layers (``_journal``, 
       _replay         journal entries applied one by one; BulkLoad, tree_merge (snapshots)
       _document       the Doc, the registry, local transactions (the pycrdt fast path)
       _item_provenance  who brought each list item and text span (item id ranges)
+        _text_ids       the exact item id of a text's character (block starts)
       _provenance     Meta and the provenance index
       _pycrdt         the one user of pycrdt's internals (off: CRDTSTORE_PYCRDT_INTERNALS=0)
     _textdiff       text_diff, apply_text_edits (pure)

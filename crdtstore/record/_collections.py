@@ -19,8 +19,9 @@ from .._model_plan import ModelPlan
 from .._models import Span, Version
 from .._semantics import validate_value
 from .._values import encodable, from_stored, to_stored
-from ._item_provenance import item_id, text_authorship, to_provenance
+from ._item_provenance import text_authorship, to_provenance
 from ._pycrdt import list_values
+from ._text_ids import char_id, item_id
 from ._textdiff import apply_text_edits, text_diff
 
 if TYPE_CHECKING:
@@ -277,6 +278,29 @@ class TextCollection(_Collection):
             Span(start=s, end=e, text=t, provenance=p)
             for s, e, t, p in text_authorship(self._root, items, run, start, end)
         ]
+
+    def provenance(self, index: int) -> Provenance | None:
+        """Who wrote the character at ``index`` (negative counts from the end): the agent,
+        source kind, wall time and journal position of the entry that wrote it, as
+        :meth:`authorship` gives it for the span holding it, the same on every replica and
+        after resume and compaction (None for a character applied without provenance).
+        One pycrdt sticky index when the text is ASCII up to ``index``; else a few (a
+        bisection) and a read of the writing client's structs from that block on.
+
+        Raises:
+            IndexError: ``index`` out of range. InvalidValue: not an int.
+        """
+        if type(index) is not int:
+            raise InvalidValue(f"text index must be an int, not {type(index).__name__}")
+        root = self._root
+        text = str(root)
+        n = len(text)
+        if not -n <= index < n:
+            raise IndexError(f"text index {index} out of range for length {n}")
+        ident = char_id(root, text, index % n)
+        if ident is None:
+            return None
+        return to_provenance(self._rec.replica.items.meta(*ident), self._rec._jrun)
 
     async def edit(self, new_text: str) -> None:
         """Make the text equal ``new_text`` by the minimal character edits.

@@ -58,6 +58,9 @@ class ExternalUpdates(JournalReplay):
         self._keys: KeyIndex | None = None
         self._keys_sv: dict[int, int] = {}
         self._keys_at = -1
+        # whether the last apply_external registered roots (its delta holds a transaction of
+        # this replica's own, not only what the update carried)
+        self.external_registered = False
 
     def apply_external(
         self,
@@ -176,6 +179,7 @@ class ExternalUpdates(JournalReplay):
         map_ops, unregistered = self._map_ops(update, decoded, refs, fresh, deleted, before, meta)
         registry_touched = registry_touched or unregistered
         registered = self._register_roots(update, decoded, refs, others) if register else None
+        self.external_registered = registered is not None
         if registered is not None:
             delta = registered if delta is None else merge_updates(delta, registered)
         changed = registry_touched or registered is not None
@@ -444,6 +448,7 @@ class ExternalUpdates(JournalReplay):
         delta, self._captured = self._captured, None
         self._keys_at = -1  # not decoded: the key index no longer covers the document
         registered = self._register_roots(update) if register else None
+        self.external_registered = registered is not None
         if registered is not None:
             delta = registered if delta is None else merge_updates(delta, registered)
         if meta is not None:

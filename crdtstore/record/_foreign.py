@@ -53,6 +53,8 @@ def check_writer(writer: Writer) -> None:
 class ForeignWrites(GuardedWrites):
     """Foreign writes of a record (see the module docstring)."""
 
+    _writer_checked: Writer | None = None  # the last writer check_writer accepted
+
     async def apply_update(
         self, update: bytes, *, writer: Writer | None = None, checked: bool = False
     ) -> None:
@@ -84,8 +86,9 @@ class ForeignWrites(GuardedWrites):
             InvalidName, InvalidValue: a bad ``writer`` (nothing changes).
         """
         self._check_writable()
-        if writer is not None:
+        if writer is not None and writer is not self._writer_checked:
             check_writer(writer)
+            self._writer_checked = writer  # (a hub passes its connection's, every update)
         if not checked:
             self.replica.check_update(update)
         while self._txn_task is not None:
@@ -97,14 +100,16 @@ class ForeignWrites(GuardedWrites):
             self._enforce(ops, conditional=False, agent=agent)
         meta = self._new_meta(now())
         if writer is not None:
-            meta = meta._replace(agent=writer.agent, source=writer.source)
+            meta = Meta(writer[0], writer[1], meta.wall_time, None, meta.run, meta.call)
         self._invalidate_all()
         ops, delta = self.replica.apply_external(update, meta, register=True, checked=True)
         # Journal what was given, not only the delta the document reports: pycrdt integrates
         # an update with a clock gap at once but leaves it out of the transaction's update,
-        # and every replica must see what this one shows.
+        # and every replica must see what this one shows. The delta adds to the bytes given
+        # only the roots this replica registered (the rest of it is what they carried, or
+        # what entries journaled before them held): merged only then.
         if delta is not None or update not in _EMPTY_UPDATES:
-            if delta is not None and delta != update:  # (usually the same bytes)
+            if delta is not None and self.replica.external_registered and delta != update:
                 update = merge_updates(update, delta)
             self._enqueue(update, ops, meta)
         await self._after_write()

@@ -34,6 +34,7 @@ from .._models import Provenance
 from ..codec import CodecError, encode_var_uint, read_var_uint_at
 from ..codec._ranges import first_clock, struct_ranges
 from ._provenance import Meta, _EntryTable, _increasing
+from ._text_ids import exact_runs, item_id
 
 _OPEN = -1  # the end of a local entry's range: where the client's next range starts
 
@@ -406,20 +407,6 @@ def to_provenance(meta: Meta | None, run: str) -> Provenance | None:
     )
 
 
-def item_id(root: Any, index: int) -> tuple[int, int] | None:
-    """The id ``(client, clock)`` of the item at ``index`` of a list (None if pycrdt does
-    not say)."""
-    try:
-        item = root.sticky_index(index).to_json().get("item")
-    except BaseException as exc:  # a pycrdt panic is a BaseException
-        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-            raise
-        return None
-    if not isinstance(item, dict):
-        return None
-    return int(item["client"]), int(item["clock"])
-
-
 def text_runs(
     root: Any, text: str, start: int = 0, end: int | None = None
 ) -> list[tuple[int, int, int]]:
@@ -457,7 +444,8 @@ def text_authorship(
     text = str(root)
     end = len(text) if end is None else max(0, min(end, len(text)))
     start = max(0, min(start, end))
-    runs = text_runs(root, text, start, end)
+    with root.doc.transaction():
+        runs = exact_runs(root, text, text_runs(root, text, start, end), end)
     spans: list[list[Any]] = []  # [start, end, ref]
     bounds = [first for first, _, _ in runs] + [end]
     for n, (start, client, clock) in enumerate(runs):

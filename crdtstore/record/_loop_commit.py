@@ -4,19 +4,19 @@ writers' updates through one record (the hub).
 By default a record's committer task journals its pending entries (:mod:`._journal_link`).
 :meth:`~._record.Record.commit_on_loop` installs a :class:`LoopCommit` instead, when the record
 is ``batched`` and its backend can append at once on the event loop's thread (SQLite's
-``append_now``): the first entry queued in an iteration of the event loop schedules one
-callback that runs once the tasks ready in that iteration (every connection whose frames
-arrived together) have run, and appends every entry queued by then in one transaction, then
-marks them committed (waking ``flush`` waiters). No task switch, no lock. When it cannot
-append at once (the write lock is held by another process or another append of this record,
-the journal is failing, the run's id is not cached), it appends nothing and wakes the
-committer, which journals them as it would any entry (retrying, reporting failures).
+``append_now``): the first entry queued in an iteration schedules one callback that runs after
+the tasks ready in that iteration and appends every entry queued by then in one transaction,
+then marks them committed (waking ``flush`` waiters). No task switch, no lock. When it cannot
+append at once (write lock held elsewhere, journal failing, run id not cached), it wakes the
+committer instead, which journals them as it would any entry.
 
-**Journal window** (asyncio): when nobody waits for a commit (:meth:`LoopCommit.deferral`),
-the callback runs one ``journal_window`` after the last commit instead, so the updates that
-arrive meanwhile share its commit; a waiter that appears meanwhile (a ``flush``, an unguarded
-:meth:`~._foreign.ForeignWrites.append_updates`, a reader counted in :attr:`LoopCommit.readers`,
-another process with the store open) brings it forward to the current iteration.
+**Journal window** (asyncio, :meth:`LoopCommit.deferral`): while nobody waits for a commit and
+the last one is less than a ``journal_window`` old, a batch waits one window from its first
+entry, so the updates arriving meanwhile share its commit (at most one commit per window, no
+entry waiting longer). A waiter (a ``flush``, an unguarded ``append_updates``, a reader in
+:attr:`LoopCommit.readers`, another process with the store open) brings it forward to the
+current iteration; so does an entry queued once the batch is nearly due (it rides on that
+arrival's iteration, not on a wake-up of its own).
 """
 
 from __future__ import annotations
@@ -41,6 +41,10 @@ if TYPE_CHECKING:
     from ._journal_link import JournalLink
 
 log = logging.getLogger("crdtstore.record")
+
+# A deferred batch that has waited this share of its window (and a window since the last
+# commit) is committed with the next entry's iteration (see LoopCommit._ripe)
+_RIDE = 0.75
 
 AppendNow = Callable[[str, str, Sequence[NewEntry]], "list[int] | None"]
 
@@ -109,6 +113,7 @@ class LoopCommit:
         self.group_commits = 0
         self._due = False
         self._timer: Any = None  # the handle of a deferred commit (call_later)
+        self._deferred_at = 0.0  # time.monotonic() when the deferred batch's first entry came
         self._last_commit = -math.inf  # time.monotonic() of the last group commit
 
     @property
@@ -119,32 +124,43 @@ class LoopCommit:
     def queued(self) -> None:
         """The record queued an entry: schedule its commit (the record's ``_enqueue``)."""
         if self._due:
-            if self._timer is not None and (self._rec._fast or self.readers):
-                self.urge()  # a ws:// append waits for its answer, or a ws:// client reads
+            if self._timer is not None and (self._rec._fast or self.readers or self._ripe()):
+                # a ws:// append waits for its answer, or a ws:// client reads; or the batch
+                # is about due: committed with this arrival's iteration
+                self.urge()
             return
         self._due = True
         delay = self.deferral()
         if delay > 0.0:
             assert self._call_later is not None
+            self._deferred_at = time.monotonic()
             self._timer = self._call_later(delay, self._commit)
         else:
             self._call_soon(self._commit)
 
     def deferral(self) -> float:
-        """How long the entries queued now may wait for their commit: until one
-        ``journal_window`` after the last commit, when nobody waits for it (no ``flush``, no
-        ``ws://`` append, no reader, no other process with the store open: it may be reading
-        the run); else 0 (this iteration)."""
+        """How long the first entry of a batch, queued now, may wait for its commit: one
+        ``journal_window`` when the last commit is less than a window old and nobody waits
+        for it (no ``flush``, no ``ws://`` append, no reader, no other process with the store
+        open: it may be reading the run); else 0 (this iteration)."""
         window = self.journal_window
         if (
             window <= 0.0
             or self._call_later is None
             or self._rec._fast
             or self.readers
+            or time.monotonic() - self._last_commit >= window
             or self._rec._store.notifier.others_listening()
         ):
             return 0.0
-        return self._last_commit + window - time.monotonic()
+        return window
+
+    def _ripe(self) -> bool:
+        """The deferred batch has waited most of its window (``_RIDE``) and the last commit
+        is a window old: committing it now keeps one commit per window at most."""
+        now = time.monotonic()
+        window = self.journal_window
+        return now - self._deferred_at >= window * _RIDE and now - self._last_commit >= window
 
     def urge(self) -> None:
         """Commit a deferred batch in this iteration instead of when its timer runs out."""

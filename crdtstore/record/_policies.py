@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from builtins import list as _List
 
-from .._counter_rules import MAX_SAFE, is_number, total
+from .._counter_rules import MAX_SAFE, agent_of_key, is_number, total
 from .._journal import Op
 from .._semantics import (
     BYTES_PER_TOKEN,
@@ -78,11 +78,12 @@ class Policies(RecordState):
             policy = spec.policy
             if policy != "open" or (
                 spec.kind == "counter"
-                and not (  # a plain add of a number needs no check (numbers, no deletes)
+                and not (  # a plain add to the writer's own key needs no check
                     op[2] == "set"
                     and spec.max_value is None
                     and type(op[4]) in (int, float)
                     and -MAX_SAFE <= op[4] <= MAX_SAFE  # (NaN fails it)
+                    and agent_of_key(op[3]) == writer
                 )
             ):
                 if op[0] == "map" and op[2] == "set" and policy in ("owner", "append_only"):

@@ -41,6 +41,7 @@ from crdtstore import (
 from crdtstore._errors import error_from_dict
 from sync import (
     ClientSession,
+    Forbidden,
     Hub,
     HubLimits,
     ProtocolError,
@@ -492,7 +493,7 @@ async def test_a_client_cannot_lift_the_run_s_policies(tmp_path: Path) -> None:
             with pytest.raises(UnsupportedOperation):
                 await rec._store.close_run(RUN)
             head = (await rec._store.run_info(RUN)).head
-            with pytest.raises(UnsupportedOperation):  # (redact on the hub's own store)
+            with pytest.raises(Forbidden):  # (the hub redacts, for a token with the right)
                 await rec._store.redact(RUN, "tasks", "t1", agent="x", reason="r")
             assert (await rec._store.run_info(RUN)).head == head, "a refused redact writes nothing"
             assert [r.run for r in await rec._store.runs()] == [RUN]

@@ -231,6 +231,7 @@ RECORD_LAYERS = [
     "_replay",
     "_document",
     "_item_provenance",
+    "_text_ids",
     "_provenance",
     "_pycrdt",
     "_textdiff",

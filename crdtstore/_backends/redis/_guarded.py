@@ -67,7 +67,7 @@ async def append_guarded_at(
     backoff = Backoff("guarded append")
     while True:
         with mapped("guarded append"):
-            got = await journal.scripts.append(keys=journal._append_keys(keys), args=args)
+            got = await journal.scripts.call("append", journal._append_keys(keys), args)
         if got[0] != b"locked":
             break
         await backoff.wait()

@@ -22,7 +22,7 @@ from ._client import Scripts, make_client, mapped, require_asyncio
 from ._guarded import append_guarded_at
 from ._keys import Keys, RunKeys, parse_url, redis_options
 from ._persistence import rewrite_files
-from ._rows import entry_args, row_of
+from ._rows import entry_args, row_of, run_row
 from ._tail import Tail
 
 log = logging.getLogger("crdtstore.redis")
@@ -33,24 +33,6 @@ WAITAOF_TIMEOUT_MS = 10_000  # how long a durable write waits for the append-onl
 
 _HOST = socket.gethostname()
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
-
-
-def _text(raw: bytes | None) -> str:
-    return "" if raw is None else raw.decode()
-
-
-def _run_row(tenant: str, run: str, v: Sequence[Any]) -> RunRow:
-    """A run from its fields (created, head, snap, parent, state, delete_after)."""
-    return RunRow(
-        tenant,
-        run,
-        float(v[0]),
-        int(v[1]),
-        int(v[2]),
-        _text(v[3]) or None,
-        _text(v[4]) or "open",
-        float(v[5]) if v[5] else None,
-    )
 
 
 class RedisJournal(JournalBackend):
@@ -167,7 +149,8 @@ class RedisJournal(JournalBackend):
         keys = self.keys.run_keys(tenant, run)
         self._attached[id(record)] = keys.stream
         seen = getattr(record, "applied_seq", 0)
-        self._tail.watch_run(keys.stream, keys.meta, tenant, run, int(seen or 0))
+        client = getattr(getattr(record, "replica", None), "client_id", None)
+        self._tail.watch_run(keys.stream, keys.meta, tenant, run, int(seen or 0), client)
 
     def detach(self, tenant: str, run: str, record: Any) -> None:
         stream = self._attached.pop(id(record), None)
@@ -269,7 +252,7 @@ class RedisJournal(JournalBackend):
         if kind == b"parent":
             have = got[1].decode() or None
             raise InvalidValue(f"run {run!r} exists with parent {have!r}, not {parent!r}")
-        return _run_row(tenant, run, got[1:])
+        return run_row(tenant, run, got[1:])
 
     async def set_run(
         self,
@@ -306,7 +289,7 @@ class RedisJournal(JournalBackend):
     async def get_run(self, tenant: str, run: str) -> RunRow | None:
         with mapped("get_run"):
             v = await self.client.hmget(self.keys.run(tenant, run), self._RUN_FIELDS)
-        return None if v[0] is None else _run_row(tenant, run, v)
+        return None if v[0] is None else run_row(tenant, run, v)
 
     async def tenants(self) -> list[str]:
         """Every tenant with a run: the ``runs`` index keys of this prefix (``SCAN``; a
@@ -326,7 +309,7 @@ class RedisJournal(JournalBackend):
             for run in runs:
                 pipe.hmget(self.keys.run(tenant, run), self._RUN_FIELDS)
             values = await pipe.execute() if runs else []
-        return [_run_row(tenant, r, v) for r, v in zip(runs, values, strict=True) if v[0]]
+        return [run_row(tenant, r, v) for r, v in zip(runs, values, strict=True) if v[0]]
 
     async def delete_run_if_due(self, tenant: str, run: str, now: float) -> bool:
         return await self._delete_run(tenant, run, [repr(float(now))])
@@ -390,7 +373,7 @@ class RedisJournal(JournalBackend):
         backoff = Backoff("append")
         while True:
             with mapped("append"):
-                got = await self.scripts.append(keys=self._append_keys(keys), args=args)
+                got = await self.scripts.call("append", self._append_keys(keys), args)
             if got[0] != b"locked":
                 break
             await backoff.wait()
@@ -449,8 +432,8 @@ class RedisJournal(JournalBackend):
                     raise BackendError("redis", "the authority lost its lock (silent too long)")
             else:
                 skip = str(skip_client) if skip_client >= 0 else ""
-                raw = await self.scripts.read(
-                    keys=[keys.stream, keys.meta], args=[after, limit, skip]
+                raw = await self.scripts.call(
+                    "read", [keys.stream, keys.meta], [after, limit, skip]
                 )
         if raw == b"unknown":
             raise UnknownRun(keys.tenant, keys.run)
@@ -592,7 +575,7 @@ class RedisJournal(JournalBackend):
         entries = auth.pending
         args = [auth.token, auth.head, len(entries), "", *entry_args(entries)]
         with mapped("authority commit"):
-            got = await self.scripts.append(keys=self._append_keys(keys), args=args)
+            got = await self.scripts.call("append", self._append_keys(keys), args)
         first = self._appended(tenant, run, keys, got)
         if self._tail is not None:
             self._tail.wrote(keys.stream, first, entries)

@@ -157,7 +157,7 @@ class RedisLeases(LeaseBackend):
     ) -> tuple[list[Any], float]:
         """Run one transition; return (its answer's fields, now) or raise its refusal (after
         the transition committed what its reap did)."""
-        script = self.journal.scripts.lease
+        scripts = self.journal.scripts
         keys = self._lease_keys(tenant)
         clock = self.clock
         if clock is None:
@@ -167,9 +167,9 @@ class RedisLeases(LeaseBackend):
         try:
             if shield:
                 with anyio.CancelScope(shield=True):
-                    got = await script(keys=keys, args=args)
+                    got = await scripts.call("lease", keys, args)
             else:
-                got = await script(keys=keys, args=args)
+                got = await scripts.call("lease", keys, args)
         except (TimeoutError, RedisError, OSError) as exc:
             raise BackendError(
                 "redis", f"lease {op.decode()}: {type(exc).__name__}: {exc}"

@@ -1,6 +1,7 @@
 """Journal entries as the stream holds them: the fields an append writes (:func:`entry_args`,
 the append script's arguments) and the :class:`~crdtstore._journal.Row` a stream entry reads
-back as (:func:`row_of`), shared by the journal, its guarded appends and its stream read."""
+back as (:func:`row_of`), shared by the journal, its guarded appends and its stream read; and
+the :class:`~crdtstore._journal.RunRow` of a run's hash (:func:`run_row`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ..._journal import NewEntry, Row
+from ..._journal import NewEntry, Row, RunRow
 
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
@@ -52,3 +53,22 @@ def entry_args(entries: Sequence[NewEntry]) -> list[Any]:
             _dumps(e.effect), e.checksum, e.origin, e.call, len(prefixes), *prefixes,
         ]  # fmt: skip
     return args
+
+
+def _text(raw: bytes | None) -> str:
+    return "" if raw is None else raw.decode()
+
+
+def run_row(tenant: str, run: str, v: Sequence[Any]) -> RunRow:
+    """A run from its fields in the run's hash (created, head, snap, parent, state,
+    delete_after)."""
+    return RunRow(
+        tenant,
+        run,
+        float(v[0]),
+        int(v[1]),
+        int(v[2]),
+        _text(v[3]) or None,
+        _text(v[4]) or "open",
+        float(v[5]) if v[5] else None,
+    )

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..._journal import NewEntry, Row
-from ._client import RedisError
+from ._client import RedisError, pack, send
 from ._rows import row_of
 
 log = logging.getLogger("crdtstore.redis")
@@ -44,6 +44,7 @@ class _Run:
     users: int
     seen: int  # every position up to here was woken for, or written by this store
     rows: dict[int, Row] = field(default_factory=dict)  # the newest entries, for readers
+    client: int | None = None  # the client id of its one reader here (None: several, unknown)
 
     def keep(self, rows: list[Row]) -> None:
         for row in rows:
@@ -131,17 +132,23 @@ class Tail:
 
     # -- what is watched ------------------------------------------------------------------
 
-    def watch_run(self, stream: str, meta: str, tenant: str, run: str, seen: int) -> None:
-        """Wake ``wake(tenant, run)`` for entries past ``seen`` that this store did not write."""
+    def watch_run(
+        self, stream: str, meta: str, tenant: str, run: str, seen: int, client: object = None
+    ) -> None:
+        """Wake ``wake(tenant, run)`` for entries past ``seen`` that this store did not write
+        (``client``: the client id of the reader, whose own entries wake nobody while it is
+        the run's only reader here: it has them, and its commit announces them)."""
         key = stream.encode()
         got = self._runs.get(key)
         if got is not None:
             got.users += 1
+            got.client = None  # several readers: each other's entries wake them
             if seen >= got.seen:
                 return
             got.seen = seen  # the new reader may have missed a wake-up: read from there
         else:
-            self._runs[key] = _Run(tenant, run, meta, 1, seen)
+            own = client if isinstance(client, int) else None
+            self._runs[key] = _Run(tenant, run, meta, 1, seen, client=own)
         self._restart()
 
     def unwatch_run(self, stream: str) -> None:
@@ -261,9 +268,21 @@ class Tail:
                 self._reading = version
                 if self._version == version:
                     self.healthy = True  # (set once the read is sent on a working client)
-                reply = await self._client.execute_command(
-                    "XREAD", "COUNT", COUNT, "BLOCK", self._block_ms, "STREAMS", *keys, *ids
+                args = (
+                    b"XREAD",
+                    b"COUNT",
+                    COUNT,
+                    b"BLOCK",
+                    self._block_ms,
+                    b"STREAMS",
+                    *keys,
+                    *ids,
                 )
+                conn = self._client.connection  # (the client's one connection: CLIENT ID's)
+                if conn is None or pack is None:  # pragma: no cover - without hiredis
+                    reply = await self._client.execute_command(*args)
+                else:  # on the connection itself: no per-command machinery of redis-py
+                    reply = await send(conn, args)
                 self._reading = -1
                 got = _xread_entries(reply)
                 if got:
@@ -302,5 +321,9 @@ class Tail:
             last = rows[-1].seq
             if last > r.seen:
                 # the next read continues after these; the readers take them from `rows`
-                r.seen = last
-                self._wake(r.tenant, r.run)
+                seen, r.seen = r.seen, last
+                own = r.client
+                if own is None or any(x.client_id != own for x in rows if x.seq > seen):
+                    self._wake(r.tenant, r.run)
+                # (else only the one reader's own appends, often read before their answer
+                # came: it has them, its commit takes its position past them)

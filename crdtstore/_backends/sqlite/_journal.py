@@ -36,6 +36,7 @@ import anyio.lowlevel
 import anyio.to_thread
 
 from ..._errors import BackendError, InvalidValue, UnknownRun
+from ..._gc_pause import collector_paused
 from ..._guarded_append import Guard
 from ..._journal import (
     Authority,
@@ -504,18 +505,21 @@ class SQLiteJournal(_LoopPath, JournalBackend):
         self, tenant: str, run: str, collection: str, key: str
     ) -> list[HistoryRow]:
         rid = await self._run_id(tenant, run)
+
         # from the key index to the entries (not "seq IN (subquery)": that builds a
         # temporary index of the subquery's rows first), without the update bytes
-        return await self._read(
-            lambda db: _history_rows(
-                db.execute(
-                    f"SELECT {HISTORY_COLS} FROM journal_keys k JOIN journal j"
-                    " ON j.run_id = k.run_id AND j.seq = k.seq"
-                    " WHERE k.run_id = ? AND k.collection = ? AND k.key = ? ORDER BY k.seq",
-                    (rid, collection, key),
-                ).fetchall()
-            )
-        )
+        def read(db: sqlite3.Connection) -> list[HistoryRow]:
+            with collector_paused():  # thousands of rows, no cycle among them
+                return _history_rows(
+                    db.execute(
+                        f"SELECT {HISTORY_COLS} FROM journal_keys k JOIN journal j"
+                        " ON j.run_id = k.run_id AND j.seq = k.seq"
+                        " WHERE k.run_id = ? AND k.collection = ? AND k.key = ? ORDER BY k.seq",
+                        (rid, collection, key),
+                    ).fetchall()
+                )
+
+        return await self._read(read)
 
     async def delete_run_if_due(self, tenant: str, run: str, now: float) -> bool:
         return await self._delete_run(tenant, run, now)
