@@ -18,10 +18,10 @@ from anyio.abc import TaskGroup
 from pydantic import BaseModel, ConfigDict
 
 from ._errors import LeaseHeld
+from ._gc_pause import collector_paused
 from ._heap import release_free_memory
 from ._journal import JournalBackend, RunInfo, SnapshotRow
 from ._leases import Lease
-from .record._replay import collector_paused
 from .record._replica import Replica
 from .record._state import READ_CHUNK
 
@@ -142,7 +142,7 @@ class _Compaction:
         if getattr(self._backend, "small_reads_inline", False):
             chunk = min(chunk, _READ)
         while seq < target:
-            with collector_paused():  # (each chunk read and applied: see collector_paused)
+            with collector_paused():  # (read and applied: as JournalLink._load does)
                 rows = await self._backend.read(self.tenant, run, seq, min(chunk, target - seq))
                 if not rows:
                     break

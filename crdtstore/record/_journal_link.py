@@ -29,12 +29,12 @@ from .._errors import (
     RunClosed,
     StoreClosed,
 )
+from .._gc_pause import collector_paused
 from .._heap import release_free_memory
 from .._journal import JournalEntry, NewEntry, Op, checksum
 from ._changes import Changes
 from ._loop_commit import CommitObserver, LoopCommit, loop_schedulers
 from ._provenance import Meta
-from ._replay import collector_paused
 from ._state import READ_CHUNK, SYNC_FIRST
 
 log = logging.getLogger("crdtstore.record")
@@ -65,9 +65,13 @@ class JournalLink(Changes):
         # Entry by entry (apply_rows), not BulkLoad: a bulk load holds every pending key's
         # writes until it resolves them, which costs resident memory that stays with the
         # record (100k keys: 2.4x a raw doc instead of 1.9x, bench/memory.py). Each chunk is
-        # read and applied with the garbage collector held off (collector_paused), the
-        # provenance index packed once at the end (a read served on the loop thread does
-        # not yield: the checkpoint does).
+        # read and applied with the cyclic collector paused: its rows, effects and
+        # bookkeeping, none in a cycle, otherwise start collections whose survivors start
+        # full ones (a tenth of a 100k-entry resume, bench/resume.py); one pause for both,
+        # or the first allocation between them collects the chunk's rows. (A read of
+        # LOAD_CHUNK rows is served on the loop thread: no other task runs in the pause,
+        # unless the loop connection is busy and a worker thread reads.) The provenance
+        # index is packed once at the end.
         while True:
             with collector_paused():
                 rows = await self._backend.read(

@@ -9,10 +9,8 @@ corrupt entry is skipped and recorded, never applied.
 
 from __future__ import annotations
 
-import gc
 import logging
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pycrdt import merge_updates
@@ -26,28 +24,6 @@ from ._pycrdt import ABSENT, map_get, map_reader, raw, update_applier
 
 log = logging.getLogger("crdtstore.replica")
 _ABSENT: Any = ABSENT  # (map_reader's: a key that is not there)
-
-
-@contextmanager
-def collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector held off for one piece of a bulk load (a read of a
-    chunk of entries and its apply; the caller yields to other tasks between pieces).
-
-    A replay allocates a few container objects per journal entry (its row, its effect's
-    lists, the batch's bookkeeping) that live until the batch is done: enough to start
-    collections, whose survivors are promoted and then start full ones, which traverse
-    every object of the process (a tenth of a 100k-entry resume, bench/resume.py). What a
-    piece allocates is freed by reference counting; if the collector was off already, it
-    stays off.
-    """
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 def tree_merge(updates: Sequence[bytes], fan_in: int = 64) -> bytes:

@@ -20,8 +20,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import crdtstore
+from crdtstore._gc_pause import collector_paused
 from crdtstore._journal import Row
-from crdtstore.record._replay import collector_paused
 from crdtstore.record._replica import Replica
 from tests.journal.test_compaction import _journal, _state, steps_st
 

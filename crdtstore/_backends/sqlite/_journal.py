@@ -70,7 +70,7 @@ class SQLiteJournal(_LoopPath, JournalBackend):
     """A journal in one SQLite file, shared by the processes of one machine."""
 
     name = "sqlite"
-    small_reads_inline = True  # reads of at most INLINE_ROWS rows: on the loop thread
+    small_reads_inline = True  # reads of at most INLINE_ROWS rows run on the loop thread
 
     def __init__(self, url: str) -> None:
         self.path = sqlite_path(url)
@@ -437,13 +437,18 @@ class SQLiteJournal(_LoopPath, JournalBackend):
             sql, params = _READ, (rid, after, limit)
         else:
             sql, params = _READ_SKIPPING, (skip_client, skip_client, rid, after, limit)
-        raw: list[Any] | None = None
-        if limit <= INLINE_ROWS:
+        if limit <= INLINE_ROWS:  # (rows built with the collector paused: see _gc_pause)
             await anyio.lowlevel.checkpoint_if_cancelled()
-            raw = self._read_inline(sql, params)
-        if raw is None:
-            raw = await self._read(lambda db: db.execute(sql, params).fetchall())
-        return _rows(raw)
+            with collector_paused():
+                raw = self._read_inline(sql, params)
+                if raw is not None:
+                    return _rows(raw)
+
+        def read(db: sqlite3.Connection) -> list[Row]:
+            with collector_paused():
+                return _rows(db.execute(sql, params).fetchall())
+
+        return await self._read(read)
 
     async def head(self, tenant: str, run: str) -> int:
         rid = await self._run_id(tenant, run)
