@@ -29,6 +29,7 @@ from .._errors import (
     RunClosed,
     StoreClosed,
 )
+from .._gc_pause import collector_paused
 from .._heap import release_free_memory
 from .._journal import JournalEntry, NewEntry, Op, checksum
 from ._changes import Changes
@@ -63,15 +64,26 @@ class JournalLink(Changes):
             release_free_memory()
         # Entry by entry (apply_rows), not BulkLoad: a bulk load holds every pending key's
         # writes until it resolves them, which costs resident memory that stays with the
-        # record (100k keys: 2.4x a raw doc instead of 1.9x, bench/memory.py).
+        # record (100k keys: 2.4x a raw doc instead of 1.9x, bench/memory.py). Each chunk is
+        # read and applied with the cyclic collector paused: its rows, effects and
+        # bookkeeping, none in a cycle, otherwise start collections whose survivors start
+        # full ones (a tenth of a 100k-entry resume, bench/resume.py); one pause for both,
+        # or the first allocation between them collects the chunk's rows. (A read of
+        # LOAD_CHUNK rows is served on the loop thread: no other task runs in the pause,
+        # unless the loop connection is busy and a worker thread reads.) The provenance
+        # index is packed once at the end.
         while True:
-            rows = await self._backend.read(self.tenant, self._jrun, self.applied_seq, LOAD_CHUNK)
-            if not rows:
-                break
-            self.replica.apply_rows(rows, self._jrun)
-            self.applied_seq = rows[-1].seq
-            # a read served on the loop thread does not yield: let other tasks run
-            await anyio.lowlevel.checkpoint()
+            with collector_paused():
+                rows = await self._backend.read(
+                    self.tenant, self._jrun, self.applied_seq, LOAD_CHUNK
+                )
+                if not rows:
+                    break
+                self.replica.apply_rows(rows, self._jrun, settle=False, own=False)
+                self.applied_seq = rows[-1].seq
+                del rows
+            await anyio.lowlevel.checkpoint()  # let other tasks run
+        self.replica._settle()  # (packed once, see apply_rows)
         # the chunks' rows and effects are freed: give their pages back to the system
         release_free_memory()
         # A skipped entry at the end of the journal is a torn tail: nothing depends on it. One

@@ -244,11 +244,15 @@ class _Settled:
         dict (a key already here takes its new position in place) and are sorted again,
         which timsort does as a merge of two sorted runs.
         """
+        if not self.seqs:  # (a load's one packing): sorted as str, no pair per key
+            ordered = sorted(new)  # (code point order is the UTF-8 byte order)
+            self._set(
+                [k.encode("utf-8", "surrogatepass") for k in ordered],
+                array("q", map(new.__getitem__, ordered)),
+            )
+            return
         encoded = [k.encode("utf-8", "surrogatepass") for k in new]
         pairs = sorted(zip(encoded, new.values(), strict=True))
-        if not self.seqs:
-            self._set([k for k, _ in pairs], array("q", [s for _, s in pairs]))
-            return
         combined = dict(zip(self._encoded(), self.seqs, strict=True))
         combined.update(pairs)
         keys = sorted(combined)

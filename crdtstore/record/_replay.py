@@ -1,9 +1,10 @@
 """Replay: journal entries applied to a replica, one by one in causal order or in bulk.
 
-:meth:`JournalReplay.apply_rows` is what a record's tail and its opening do (entry by entry,
-in groups of one pycrdt transaction, provenance exact); :class:`BulkLoad` is compaction's and
-replay's (entries merged in groups first, PYCRDT-NOTES hazard 1); :func:`tree_merge` merges
-many updates in O(n log n) (hazard 2). A corrupt entry is skipped and recorded, never applied.
+:meth:`JournalReplay.apply_rows` is what a record's tail, its opening and compaction do
+(entry by entry in journal order, in groups of one pycrdt transaction, provenance exact);
+:class:`BulkLoad` applies entries merged in groups first (PYCRDT-NOTES hazard 1, for entries
+not in a causal order); :func:`tree_merge` merges many updates in O(n log n) (hazard 2). A
+corrupt entry is skipped and recorded, never applied.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pycrdt import merge_updates
 
 from .._errors import CollectionKindMismatch, InvalidUpdate, JournalCorrupt, PayloadTooLarge
 from .._journal import Op, Row, checksum
+from ..codec import check_update_counts
 from ._document import _EMPTY_UPDATES, DEFAULT_MAX_UPDATE, KINDS, ReplicaDocument
 from ._provenance import _SETTLE_MIN
 from ._pycrdt import ABSENT, map_get, map_reader, raw, update_applier
@@ -48,8 +50,17 @@ class JournalReplay(ReplicaDocument):
         self.seq = 0  # journal position reached, when driven by a replay
         self.skipped: list[JournalCorrupt] = []  # corrupt journal entries not applied
 
-    def apply_rows(self, rows: Iterable[Row], run: str = "") -> None:
+    def apply_rows(
+        self, rows: Iterable[Row], run: str = "", *, settle: bool = True, own: bool = True
+    ) -> None:
         """Apply journal entries in the given (causal) order, keeping provenance exact.
+
+        ``settle=False`` leaves packing the provenance index to the caller (a record's
+        opening packs it once at the end: packing a growing collection every few groups
+        merges its keys again each time). ``own=False`` says the index holds no write of
+        this replica's that is not journaled yet (a record's opening: nothing was written
+        through it), so no key's provenance can name a later entry than these (see
+        :meth:`_apply_rows`' ``before``) and that check is skipped.
 
         Applied in pycrdt transactions of up to ``_APPLY_GROUP`` entries each (see
         :meth:`_apply_rows`): yrs commits a big transaction of interleaved list appends
@@ -61,12 +72,12 @@ class JournalReplay(ReplicaDocument):
         if not isinstance(rows, list):
             rows = list(rows)
         if len(rows) <= _APPLY_GROUP:
-            self._apply_rows(rows, run)
+            self._apply_rows(rows, run, settle, own)
             return
         for i in range(0, len(rows), _APPLY_GROUP):
-            self._apply_rows(rows[i : i + _APPLY_GROUP], run)
+            self._apply_rows(rows[i : i + _APPLY_GROUP], run, settle, own)
 
-    def _apply_rows(self, rows: list[Row], run: str) -> None:
+    def _apply_rows(self, rows: list[Row], run: str, settle: bool, own: bool) -> None:
         """:meth:`apply_rows` of one group of entries, in one pycrdt transaction.
 
         Provenance follows what the document did, not what the entry wanted: an entry whose
@@ -97,8 +108,9 @@ class JournalReplay(ReplicaDocument):
         doc = self.doc
         index = self.index
         coll_seq = self.coll_seq
-        check = self.check_update
         head = self.head
+        # (rows come in journal order: a position the index holds is at most head)
+        late = bool(index) and (own or rows[0][0] <= head)
         name: Any = None  # the collection of the last map op, and its touched keys
         keyed: dict[str, _Held] = {}
         with doc.transaction() as txn:
@@ -108,11 +120,11 @@ class JournalReplay(ReplicaDocument):
             # forget what was cached (see apply_update), the registry is the truth
             self._kinds.clear()
             for row in rows:
-                seq, update, effect = row.seq, row.update, row.effect
-                if checksum(update) != row.checksum:
+                seq, _, _, _, _, update, effect, crc, _, _ = row
+                if checksum(update) != crc:
                     self._skip(JournalCorrupt(run, seq, "checksum mismatch"))
                     continue
-                if index:
+                if late:
                     for op in effect:
                         if op[0] == "map":
                             named = index.get(op[1], _NO_KEYS).get(op[3])
@@ -125,8 +137,11 @@ class JournalReplay(ReplicaDocument):
                                 before[(op[1], op[3])] = self._map_value(op[1], op[3], rtxn)
                 try:
                     # journal entries passed their checksum: skip the trial decode that
-                    # untrusted bytes get (pycrdt leaves the doc intact on bytes it rejects)
-                    check(update, trial_decode=False, size_limit=False)
+                    # untrusted bytes get (pycrdt leaves the doc intact on bytes it rejects);
+                    # the count check of check_update(trial_decode=False, size_limit=False)
+                    if type(update) is not bytes:
+                        raise InvalidUpdate(f"expected bytes, got {type(update).__name__}")
+                    check_update_counts(update)
                     apply(update)
                 except InvalidUpdate as exc:
                     self._skip(JournalCorrupt(run, seq, exc.reason))
@@ -169,7 +184,7 @@ class JournalReplay(ReplicaDocument):
             winners = self._winners(touched, rtxn, before)
         self._remember_rows(winners)
         # only a collection this batch grew can have reached the size _settle acts on
-        if any(len(index.get(name, ())) >= _SETTLE_MIN for name in touched):
+        if settle and any(len(index.get(name, ())) >= _SETTLE_MIN for name in touched):
             self._settle()
 
     def _remember_rows(self, winners: dict[int, Row]) -> None:
@@ -177,14 +192,20 @@ class JournalReplay(ReplicaDocument):
         (appended in the usual case, as :meth:`ProvenanceIndex.journaled_many` does)."""
         table = self.table
         tseqs, walls, who, names = table.seqs, table.walls, table.who, table.names
+        last = tseqs[-1] if tseqs else 0  # the table's last position
+        agent_, source_, run_, who_ = "", "", "", ("", "", "")  # the last entry's names
         for seq in sorted(winners):  # in journal order: the table appends
-            row = winners[seq]
-            if tseqs and seq <= tseqs[-1]:
-                table.add(seq, row.agent, row.source, row.wall_time, row.origin)
-            else:
+            _, agent, source, _, wall, _, _, _, run, _ = winners[seq]
+            if seq <= last:
+                table.add(seq, agent, source, wall, run)
+            else:  # the usual case: append, the (agent, source, run) shared
+                if agent is not agent_ or source is not source_ or run is not run_:
+                    agent_, source_, run_ = agent, source, run
+                    who_ = names(agent, source, run)
                 tseqs.append(seq)
-                walls.append(row.wall_time)
-                who.append(names(row.agent, row.source, row.origin))
+                walls.append(wall)
+                who.append(who_)
+                last = seq
         if len(tseqs) > table.sweep_at:
             table.keep(self._live_seqs())
 
@@ -263,8 +284,9 @@ class JournalReplay(ReplicaDocument):
                     continue  # (the later entry the index names wrote this value too)
                 if keys is None:
                     keys = index[coll] = {}
-                keys[key] = winner.seq
-                winners[winner.seq] = winner
+                seq = winner[0]
+                keys[key] = seq
+                winners[seq] = winner
         return winners
 
     def _skip(self, error: JournalCorrupt) -> None:
@@ -402,10 +424,12 @@ class BulkLoad:
         replica.head = head
         self._count = count
         if count > _BULK_PENDING_KEYS:
-            self.finish()
+            self.finish(settle=False)
 
-    def finish(self) -> None:
-        """Attribute every pending key to the entry whose write the document kept."""
+    def finish(self, *, settle: bool = True) -> None:
+        """Attribute every pending key to the entry whose write the document kept; then, with
+        ``settle``, pack the provenance index (once at the end of a load, not per group of
+        pending keys: each packing merges every key of the collection settled so far)."""
         replica, pending = self.replica, self._pending
         self._pending, self._count = {}, 0
         winners: dict[int, _Write] = {}
@@ -454,5 +478,5 @@ class BulkLoad:
                 who.append(names(agent, source, origin))
         if len(tseqs) > table.sweep_at:
             table.keep(replica._live_seqs())
-        if winners:
+        if settle:
             replica._settle()

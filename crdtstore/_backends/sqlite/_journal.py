@@ -51,7 +51,7 @@ from ._authority import SyncEstimate
 from ._authority import _SQLiteAuthority as _SQLiteAuthority
 from ._guarded import FenceCheck, guarded_tx
 from ._inline import _LoopPath
-from ._rows import _COLS, HISTORY_COLS, _append_tx, _history_rows, _rows
+from ._rows import _COLS, _READ, _READ_SKIPPING, HISTORY_COLS, _append_tx, _history_rows, _rows
 from ._schema import _SCHEMA, _Conn, _dumps, _is_busy, _migrate
 from ._schema import sqlite_path as sqlite_path
 
@@ -70,6 +70,7 @@ class SQLiteJournal(_LoopPath, JournalBackend):
     """A journal in one SQLite file, shared by the processes of one machine."""
 
     name = "sqlite"
+    small_reads_inline = True  # reads of at most INLINE_ROWS rows run on the loop thread
 
     def __init__(self, url: str) -> None:
         self.path = sqlite_path(url)
@@ -430,21 +431,24 @@ class SQLiteJournal(_LoopPath, JournalBackend):
         self, tenant: str, run: str, after: int, limit: int = 10_000, *, skip_client: int = -1
     ) -> list[Row]:
         rid = await self._run_id(tenant, run)
-        # the skipped client's own entries come back light: no update bytes, no effect to parse
-        sql = (
-            "SELECT seq, agent, source, client_id, wall_time,"
-            " CASE WHEN client_id = ? THEN X'' ELSE upd END,"
-            " CASE WHEN client_id = ? THEN '[]' ELSE effect END, crc, origin, call"
-            " FROM journal WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?"
-        )
-        params = (skip_client, skip_client, rid, after, limit)
-        raw: list[Any] | None = None
-        if limit <= INLINE_ROWS:
+        sql: str
+        params: tuple[Any, ...]
+        if skip_client == -1:  # (no client id is -1: every entry whole, a load's read)
+            sql, params = _READ, (rid, after, limit)
+        else:
+            sql, params = _READ_SKIPPING, (skip_client, skip_client, rid, after, limit)
+        if limit <= INLINE_ROWS:  # (rows built with the collector paused: see _gc_pause)
             await anyio.lowlevel.checkpoint_if_cancelled()
-            raw = self._read_inline(sql, params)
-        if raw is None:
-            raw = await self._read(lambda db: db.execute(sql, params).fetchall())
-        return _rows(raw)
+            with collector_paused():
+                raw = self._read_inline(sql, params)
+                if raw is not None:
+                    return _rows(raw)
+
+        def read(db: sqlite3.Connection) -> list[Row]:
+            with collector_paused():
+                return _rows(db.execute(sql, params).fetchall())
+
+        return await self._read(read)
 
     async def head(self, tenant: str, run: str) -> int:
         rid = await self._run_id(tenant, run)
