@@ -23,7 +23,7 @@ tests/project/test_import_graph.py) and crdtstore's lower layers (``_journal``, 
     _maps, _collections   handles; they use the record only through CollectionHost
     _replica        Replica
       _external       foreign updates and their effect (with _effects)
-      _replay         journal entries applied one by one; BulkLoad, tree_merge (snapshots)
+      _replay         journal entries applied (opening, compaction); BulkLoad, tree_merge
       _document       the Doc, the registry, local transactions (the pycrdt fast path)
       _item_provenance  who brought each list item and text span (item id ranges)
         _text_ids       the exact item id of a text's character (block starts)
