@@ -96,6 +96,7 @@ _RETIRE = (
     + ", ".join(f"{c.strip()} = NULL" for c in _COLS.split(",")[1:])
     + ", next_rank = ?, next_token = ? WHERE rank = ?"
 )
+_RETIRE_IF_DV = _RETIRE + " AND (SELECT data_version FROM pragma_data_version()) = ?"
 _COUNTERS = f"INSERT OR REPLACE INTO {TABLE} (rank, next_rank, next_token) VALUES (0, ?, ?)"
 # Row -1 marks the row format of this version (counters in every written row, not only in
 # row 0): the version before read the counters from row 0 alone and would hand out a rank or
@@ -201,24 +202,31 @@ def load_table(db: sqlite3.Connection | sqlite3.Cursor) -> Table:
 # lookup and an exception per None, more than the rest of the row costs), so an INSERT writes
 # them as NULL literals.
 _NULLABLE = (4, 5, 8, 10, 11, 12, 13, 18)
-_INSERTS: dict[int, tuple[str, Callable[[tuple[Any, ...]], tuple[Any, ...]]]] = {}
+_INSERTS: dict[tuple[int, bool], tuple[str, Callable[[tuple[Any, ...]], tuple[Any, ...]]]] = {}
+# data_version as a statement can read it: the one-statement transitions commit only if it is
+# still what this connection last saw, i.e. nobody else committed since
+_DV = "(SELECT data_version FROM pragma_data_version())"
 
 
-def _insert_for(nulls: int) -> tuple[str, Callable[[tuple[Any, ...]], tuple[Any, ...]]]:
-    """The INSERT for rows whose None values are the set bits of ``nulls``, and what picks
-    the other values out of the row."""
-    got = _INSERTS.get(nulls)
+def _insert_for(
+    nulls: int, if_dv: bool
+) -> tuple[str, Callable[[tuple[Any, ...]], tuple[Any, ...]]]:
+    """The INSERT for rows whose None values are the set bits of ``nulls`` (``if_dv``: only
+    while data_version is the last parameter), and what picks the other values out of the
+    row."""
+    got = _INSERTS.get((nulls, if_dv))
     if got is None:
         values = ", ".join("NULL" if nulls >> i & 1 else "?" for i in range(22))
-        got = _INSERTS[nulls] = (
-            f"INSERT OR REPLACE INTO {TABLE} ({_COLS}, next_rank, next_token) VALUES ({values})",
+        into = f"INSERT OR REPLACE INTO {TABLE} ({_COLS}, next_rank, next_token)"
+        got = _INSERTS[nulls, if_dv] = (
+            f"{into} SELECT {values} WHERE {_DV} = ?" if if_dv else f"{into} VALUES ({values})",
             # at least 14 values: it returns a tuple
             operator.itemgetter(*[i for i in range(22) if not nulls >> i & 1]),
         )
     return got
 
 
-def _insert(db: sqlite3.Connection | sqlite3.Cursor, r: Req, t: Table) -> None:
+def _insert_args(r: Req, t: Table, if_dv: bool) -> tuple[str, tuple[Any, ...]]:
     p = r.proc
     row = (
         r.rank, r.id, r.tenant, r.owner, r.step, r.attempt, _resources_json(r.resources), r.state,
@@ -230,11 +238,14 @@ def _insert(db: sqlite3.Connection | sqlite3.Cursor, r: Req, t: Table) -> None:
     for i in _NULLABLE:
         if row[i] is None:
             nulls |= 1 << i
-    if nulls:
-        sql, pick = _insert_for(nulls)
-        db.execute(sql, pick(row))
-    else:
-        db.execute(_INSERT, row)
+    if not nulls and not if_dv:
+        return _INSERT, row
+    sql, pick = _insert_for(nulls, if_dv)
+    return sql, pick(row)
+
+
+def _insert(db: sqlite3.Connection | sqlite3.Cursor, r: Req, t: Table) -> None:
+    db.execute(*_insert_args(r, t, False))
 
 
 def save_table(db: sqlite3.Connection | sqlite3.Cursor, t: Table) -> None:
@@ -351,6 +362,7 @@ class SQLiteLeases(TableBackend):
         # inherited through fork: a getpid per call), dropped in a forked child
         self._db: sqlite3.Connection | None = None
         _INSTANCES.add(self)
+        self._one_statement = True  # see _attempt
 
     async def open(self) -> None:
         await self.journal.open()
@@ -453,7 +465,14 @@ class SQLiteLeases(TableBackend):
                 )
 
     def _attempt(self, db: sqlite3.Connection, fn: Callable[[Table, A], T], arg: A) -> T | Any:
-        """Run ``fn(table, arg)`` in one transaction now, or return ``_BUSY`` without waiting."""
+        """Run ``fn(table, arg)`` in one transaction now, or return ``_BUSY`` without waiting.
+
+        With cached rows, ``fn`` runs on them first. A transition that then writes one row
+        (a request, a heartbeat, a release that hands nothing off) is one statement in its own
+        transaction that writes only while data_version is the one the cache was read at; any
+        other is checked against data_version inside ``BEGIN IMMEDIATE``. Either way, when
+        another connection committed meanwhile, ``fn`` runs again on the rows read afresh.
+        """
         lock = self._lock
         if not lock.acquire(blocking=False):
             return _BUSY
@@ -462,19 +481,48 @@ class SQLiteLeases(TableBackend):
             if cur is None or self._cursor_db is not db:
                 cur = self._cursor = db.cursor()
                 self._cursor_db = db
+            t = self._cached if self._cached_db is db else None
+            if t is not None:
+                try:
+                    out = fn(t, arg)
+                except BaseException:
+                    self._cached = None
+                    raise
+                dirty, removed = t.dirty, t.removed
+                if self._one_statement and len(dirty) + len(removed) == 1:
+                    if dirty:
+                        sql, args = _insert_args(t.reqs[next(iter(dirty))], t, True)
+                        args = (*args, self._cached_dv)
+                    else:
+                        sql = _RETIRE_IF_DV
+                        args = (t.next_rank, t.next_token, next(iter(removed)), self._cached_dv)
+                    try:
+                        done = cur.execute(sql, args).rowcount == 1
+                    except sqlite3.OperationalError as exc:
+                        self._cached = None
+                        if _is_busy(exc):
+                            return _BUSY
+                        if "pragma_data_version" not in str(exc):
+                            raise BackendError("sqlite", f"{type(exc).__name__}: {exc}") from exc
+                        self._one_statement = False  # an SQLite without pragma functions
+                        done = False
+                    if done:
+                        t.clean()
+                        return out
+                    t = self._cached = None  # stale, or never written: the general way
             try:
                 cur.execute("BEGIN IMMEDIATE")
             except sqlite3.OperationalError as exc:
+                self._cached = None
                 if _is_busy(exc):
                     return _BUSY
                 raise BackendError("sqlite", f"{type(exc).__name__}: {exc}") from exc
             try:
                 dv = cur.execute("PRAGMA data_version").fetchone()[0]
-                t = self._cached
-                if t is None or self._cached_db is not db or self._cached_dv != dv:
+                if t is None or self._cached_dv != dv:
                     self._cached = None
                     t = load_table(cur)
-                out = fn(t, arg)
+                    out = fn(t, arg)
                 if t.dirty or t.removed or t.meta_dirty:
                     save_table(cur, t)
                 cur.execute("COMMIT")
