@@ -232,6 +232,14 @@ class Leases:
 class Lease:
     """A lease on a set of resources; see :meth:`Leases.lease`."""
 
+    # Defaults until set on the instance (fewer stores per lease: one is made per acquire).
+    state: LeaseState | None = None
+    lost = False
+    lost_reason: str | None = None
+    waited = 0.0
+    _hb: anyio.CancelScope | None = None  # see _hb_scope
+    _released = False
+
     def __init__(
         self,
         leases: Leases,
@@ -250,13 +258,7 @@ class Lease:
         self.wait = wait
         self.timeout = timeout
         self.key = key
-        self.state: LeaseState | None = None
-        self.lost = False
-        self.lost_reason: str | None = None
-        self.waited = 0.0
         self._proc: Proc = this_proc()
-        self._hb: anyio.CancelScope | None = None  # see _hb_scope
-        self._released = False
 
     # -- what a holder reads ----------------------------------------------------------------
 

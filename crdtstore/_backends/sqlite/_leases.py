@@ -4,20 +4,20 @@ Living in the same file is the point: a write to the record that carries a lease
 :func:`check_fence` inside the same ``BEGIN IMMEDIATE`` transaction as the journal append, so
 no grant can change between the check and the write.
 
-Every transition is one ``BEGIN IMMEDIATE`` transaction that applies the :mod:`._engine`
-transition to the lease rows (holders and waiters, never history) and writes back only what
-changed. It is built to cost little more than the bare transaction:
+Every transition applies the :mod:`._engine` transition to the lease rows (holders and
+waiters, never history) atomically and writes back only what changed, at little more than
+the cost of the bare write:
 
-- it runs inline on the event loop on the lease connection (busy timeout 0), cheaper than a
-  hop to a worker thread; a busy write lock is retried after a short growing sleep that does
-  not block the loop, up to :data:`BUSY_TIMEOUT` (release and cancel shielded from cancellation);
-- the rows are cached between transitions and read again only when ``PRAGMA data_version``
-  (read under the write lock) says another connection committed; a failed transition rolls
-  back and drops the cache;
-- requests and counters are rows of one un-indexed table: a transition writes one b-tree page.
+- inline on the event loop on the lease connection (busy timeout 0); a busy write lock is
+  retried after a short growing sleep that does not block the loop, up to :data:`BUSY_TIMEOUT`;
+- on rows cached between transitions, valid while ``data_version`` has not moved: a transition
+  that writes one row is one statement that writes only if it has not; any other runs in
+  ``BEGIN IMMEDIATE`` and checks it there; when it moved, the rows are read again;
+- the counters (next rank and token) ride in every row written and in row 0, where a removed
+  row retires to: no statement for them alone (see :func:`save_table`).
 
-The table is created on first use; the earlier two-table layout is migrated in the same
-transaction (processes of that earlier version must not share the store meanwhile).
+Created on first use; earlier layouts are migrated (processes of an earlier version must not
+share the store: row -1 makes the one before fail instead of reading stale counters).
 """
 
 from __future__ import annotations
