@@ -4,15 +4,15 @@ transaction pairs, hand-off latency, and wait times under 8-way contention.
     python bench/leases.py            # 3,000 pairs x 5 repeats, 300 hand-offs, 8 x 100 waits
     python bench/leases.py --quick
 
-- **uncontended pairs/s**: ``backend.request`` + ``backend.release`` (two write transactions on
-  the lease connection, each checking ``PRAGMA data_version``, reaping, applying the grant
-  rule, writing back what changed), and
-  ``async with store.lease([...])`` (the same plus the heartbeat task's start and stop),
-  against raw pairs of ``BEGIN IMMEDIATE; INSERT/DELETE; COMMIT`` on the same kind of file:
-  (a) plain synchronous ``sqlite3`` and (b) through the journal's ``_write`` (the worker
-  thread hop that journal writes pay). Target: >= 5,000 pairs/s and >= 0.4x raw (a), on wall
-  time. The ratio on CPU time (``time.process_time``) is printed too: on a shared, loaded
-  machine it moves less from run to run than the wall-time ratio.
+- **uncontended pairs/s**: ``backend.request`` + ``backend.release`` (two transitions on the
+  lease connection, each reaping, applying the grant rule and writing its one row in one
+  statement that checks ``data_version``), and ``async with store.lease([...])`` (the same
+  plus the ``Lease`` object, canonical names and the heartbeat's scheduling), against raw
+  pairs of ``BEGIN IMMEDIATE; INSERT/DELETE; COMMIT`` on the same kind of file: (a) plain
+  synchronous ``sqlite3`` and (b) through the journal's ``_write`` (the worker thread hop that
+  journal writes pay). Targets, on CPU time (``time.process_time``, which moves less than wall
+  time on a shared, loaded machine): >= 0.4x raw (a) for the backend pair, >= 0.7x raw (a)
+  for ``store.lease()`` (issue 20). Wall-time ratios are printed too.
 - **hand-off latency**: from the holder's ``release()`` call to the waiter's ``acquire()``
   returning, the waiter on another store object (its own connection and notification
   socket, as another process would be). Target: p50 <= 5 ms.
@@ -36,8 +36,7 @@ import crdtstore
 from crdtstore._backends.sqlite import SQLiteJournal
 from crdtstore._leases import this_proc
 
-TARGET_RATE = 5000.0
-TARGET_RATIO = 0.4
+TARGET_RATIO = {"backend": 0.4, "context": 0.7}  # of raw (a), on CPU time
 TARGET_HANDOFF_MS = 5.0
 
 
@@ -176,14 +175,14 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for k, label in [("backend", "request + release (backend)"),
                      ("context", "async with store.lease()")]:  # fmt: skip
-        ratio = rate[k] / rate["raw"]
-        met = rate[k] >= TARGET_RATE and ratio >= TARGET_RATIO
+        ratio, cpu_ratio = rate[k] / rate["raw"], cpu_rate[k] / cpu_rate["raw"]
+        met = cpu_ratio >= TARGET_RATIO[k]
         rows.append([label, fmt(rate[k], "pairs/s"), f"{ratio:.2f}x",
-                     f"{rate[k] / rate['plumbed']:.2f}x", f"{cpu_rate[k] / cpu_rate['raw']:.2f}x",
-                     "met" if met else "MISSED"])  # fmt: skip
-        target = f">= {TARGET_RATE:.0f}/s and >= {TARGET_RATIO}x raw"
-        results.append(Result("leases", f"uncontended {label}", rate[k], "pairs/s", rate["raw"],
-                              ratio, target, met))  # fmt: skip
+                     f"{rate[k] / rate['plumbed']:.2f}x", f"{cpu_ratio:.2f}x",
+                     f">= {TARGET_RATIO[k]}x CPU: " + ("met" if met else "MISSED")])  # fmt: skip
+        target = f">= {TARGET_RATIO[k]}x raw (a), CPU time"
+        results.append(Result("leases", f"uncontended {label}", cpu_rate[k], "pairs/s CPU",
+                              cpu_rate["raw"], cpu_ratio, target, met))  # fmt: skip
     rows.append(["raw BEGIN IMMEDIATE pairs, sqlite3 (a)", fmt(rate["raw"], "pairs/s"), "1.00x",
                  "", "1.00x", ""])  # fmt: skip
     rows.append(["raw pairs through journal._write (b)", fmt(rate["plumbed"], "pairs/s"),

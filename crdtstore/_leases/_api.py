@@ -40,7 +40,7 @@ from .._notify import Notifier, Watch
 from ._backend import LeaseBackend
 from ._clock import Proc, this_proc
 from ._engine import check_key, check_owner, check_ttl
-from ._models import LeaseState, LeaseStatus
+from ._models import MAX_TTL, MIN_TTL, LeaseState, LeaseStatus
 from ._resources import canonical_resources
 
 log = logging.getLogger("crdtstore.leases")
@@ -52,7 +52,12 @@ EXPIRY_MARGIN = 0.002
 
 def default_owner() -> str:
     p = this_proc()
-    return f"{p.host}:{p.pid}"
+    if _OWNER[0] is not p:
+        _OWNER[:] = [p, f"{p.host}:{p.pid}"]
+    return _OWNER[1]  # type: ignore[return-value]
+
+
+_OWNER: list[object] = [None, ""]  # (this_proc() it was made for, default_owner())
 
 
 class Leases:
@@ -197,26 +202,43 @@ class Leases:
             InvalidValue: a TTL outside 0.05 s .. 1 day, a bad owner, key or timeout.
         """
         res = canonical_resources(resources)
-        if timeout is not None and (
-            isinstance(timeout, bool)
-            or not isinstance(timeout, (int, float))
-            or math.isnan(timeout)
-            or timeout < 0
-        ):
-            raise InvalidValue(f"lease timeout must be None or >= 0 seconds, not {timeout!r}")
+        if timeout is not None:
+            if (
+                isinstance(timeout, bool)
+                or not isinstance(timeout, (int, float))
+                or math.isnan(timeout)
+                or timeout < 0
+            ):
+                raise InvalidValue(f"lease timeout must be None or >= 0 seconds, not {timeout!r}")
+            timeout = float(timeout)
+        # the common values pass without a call (check_ttl and check_owner refuse the rest)
+        if type(ttl) is not float or not MIN_TTL <= ttl <= MAX_TTL:
+            ttl = check_ttl(ttl)
+        if owner is None:
+            owner = default_owner()
+        if type(owner) is not str or not 0 < len(owner) <= 256 or "\x00" in owner:
+            owner = check_owner(owner)
         return Lease(
             self,
             res,
-            ttl=check_ttl(ttl),
-            owner=check_owner(owner if owner is not None else default_owner()),
-            wait=bool(wait),
-            timeout=None if timeout is None else float(timeout),
-            key=check_key(key),
+            ttl=ttl,
+            owner=owner,
+            wait=wait is True or bool(wait),
+            timeout=timeout,
+            key=None if key is None else check_key(key),
         )
 
 
 class Lease:
     """A lease on a set of resources; see :meth:`Leases.lease`."""
+
+    # Defaults until set on the instance (fewer stores per lease: one is made per acquire).
+    state: LeaseState | None = None
+    lost = False
+    lost_reason: str | None = None
+    waited = 0.0
+    _hb: anyio.CancelScope | None = None  # see _hb_scope
+    _released = False
 
     def __init__(
         self,
@@ -236,13 +258,7 @@ class Lease:
         self.wait = wait
         self.timeout = timeout
         self.key = key
-        self.state: LeaseState | None = None
-        self.lost = False
-        self.lost_reason: str | None = None
-        self.waited = 0.0
         self._proc: Proc = this_proc()
-        self._hb: anyio.CancelScope | None = None  # see _hb_scope
-        self._released = False
 
     # -- what a holder reads ----------------------------------------------------------------
 
@@ -294,17 +310,34 @@ class Lease:
         """
         leases = self._leases
         backend = leases.backend
-        tenant = leases.tenant
         started = time.monotonic()
-        deadline = None if self.timeout is None else started + self.timeout
-        watch = leases._wake_watch()
-        st: LeaseState | None = None
+        watch = leases._watch
+        if watch is None:
+            watch = leases._wake_watch()
+        event = watch.event  # read before asking: no wake-up falls between ask and wait
         try:
-            event = watch.event
             st = self.state = await backend.request(
-                tenant, self.owner, self.resources, ttl=self.ttl, key=self.key,
+                leases.tenant, self.owner, self.resources, ttl=self.ttl, key=self.key,
                 proc=self._proc, wait=self.wait,
             )  # fmt: skip
+        except BaseException:
+            self.state = None
+            raise
+        if st.state != "granted":
+            await self._wait(backend, st, started, watch, event)
+        now = time.monotonic()
+        self.waited = now - started
+        leases._schedule_heartbeat(self, now + self.ttl / 3)
+        return self
+
+    async def _wait(
+        self, backend: LeaseBackend, st: LeaseState, started: float, watch: Watch,
+        event: anyio.Event,
+    ) -> None:  # fmt: skip
+        """Wait in the queue until ``st`` (our waiting request) is granted."""
+        tenant = self._leases.tenant
+        deadline = None if self.timeout is None else started + self.timeout
+        try:
             while not st.granted:
                 now = time.monotonic()
                 if deadline is not None and now >= deadline:
@@ -328,14 +361,10 @@ class Lease:
                         proc=self._proc, wait=self.wait,
                     )  # fmt: skip
         except BaseException:
-            if st is not None:
-                with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
-                    await backend.cancel(tenant, st.lease_id, self.owner)
+            with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+                await backend.cancel(tenant, st.lease_id, self.owner)
             self.state = None
             raise
-        self.waited = time.monotonic() - started
-        self._start_heartbeat()
-        return self
 
     @property
     def _hb_scope(self) -> anyio.CancelScope:
@@ -343,9 +372,6 @@ class Lease:
         if self._hb is None:
             self._hb = anyio.CancelScope()
         return self._hb
-
-    def _start_heartbeat(self) -> None:
-        self._leases._schedule_heartbeat(self, time.monotonic() + self.ttl / 3)
 
     def _start_heartbeat_task(self) -> None:
         """The first beat is due: start the task that renews the grant from now on."""
@@ -392,28 +418,28 @@ class Lease:
             LeaseLost: it was lost while held (expired or reaped): the work done under it was
                 not exclusive, and fenced writes were refused.
         """
-        if self._released or self.state is None:
+        st = self.state
+        if self._released or st is None:
             return
         self._released = True
-        self._leases._due.pop(self, None)
+        leases = self._leases
+        leases._due.pop(self, None)
         if self._hb is not None:
             self._hb.cancel()
-        st = self.state
-        backend = self._leases.backend
-        # the release must run to the end even when our caller is being cancelled
-        shield = (
-            contextlib.nullcontext() if backend.shields_cleanup else anyio.CancelScope(shield=True)
-        )
-        with shield:
-            try:
-                await backend.release(self._leases.tenant, st.lease_id, self.owner, st.token)
-            except (LeaseNotFound, LeaseLost):
-                self._mark_lost("it was gone at release (expired or reaped)")
+        backend = leases.backend
+        try:
+            # the release must run to the end even when our caller is being cancelled
+            if backend.shields_cleanup:
+                await backend.release(leases.tenant, st.lease_id, self.owner, st.token)
+            else:
+                with anyio.CancelScope(shield=True):
+                    await backend.release(leases.tenant, st.lease_id, self.owner, st.token)
+        except (LeaseNotFound, LeaseLost):
+            self._mark_lost("it was gone at release (expired or reaped)")
         if self.lost:
             raise LeaseLost(self.resources[0], self.lost_reason or "lost", st.token)
 
-    async def __aenter__(self) -> Lease:
-        return await self.acquire()
+    __aenter__ = acquire  # the same coroutine: one less per ``async with``
 
     async def __aexit__(
         self,

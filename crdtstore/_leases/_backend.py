@@ -20,6 +20,11 @@ from ._engine import Table
 from ._models import LeaseState, LeaseStatus
 
 T = TypeVar("T")
+# (tenant, owner, resources, ttl, key, proc, wait, wall time) of a request
+RequestArgs = tuple[str, str, tuple[str, ...], float, tuple[str, int] | None, Proc, bool, float]
+ReleaseArgs = tuple[str, str, str, int | None]  # (tenant, lease_id, owner, token)
+# what a transition gives back: its value, the error to raise, whether to wake waiters
+Outcome = tuple[Any, CrdtStoreError | None, bool]
 
 
 class LeaseBackend(ABC):
@@ -173,6 +178,52 @@ class TableBackend(LeaseBackend):
             raise error
         return value  # type: ignore[return-value]
 
+    # The two transitions of every acquire+release, written out rather than through _change:
+    # a backend that can run a transition without suspending (SQLite) calls them directly.
+
+    def _request_tx(self, t: Table, args: RequestArgs) -> Outcome:
+        tenant, owner, resources, ttl, key, proc, wait, wall = args
+        clock = self.clock
+        now, boot = clock.now(), clock.boot_id()
+        first_token = t.next_token
+        if t.reqs:
+            t.reap(now, boot, self.probe)
+        try:
+            r = t.request(tenant, owner, resources, ttl, key, proc, wait, now, boot, wall)[0]
+        except CrdtStoreError as exc:
+            t.grant(now)  # a withdrawn request may have kept later ones waiting
+            return None, exc, t.next_token != first_token
+        # Table.request applied the grant rule after its last change: nothing more to grant.
+        # Wake waiters only when another request was granted (see _change).
+        state = t.state_of(r, now)
+        grants = t.next_token - first_token
+        if state.token is not None and state.token >= first_token:
+            grants -= 1
+        return state, None, grants > 0
+
+    def _release_tx(self, t: Table, args: ReleaseArgs) -> Outcome:
+        tenant, lease_id, owner, token = args
+        clock = self.clock
+        now = clock.now()
+        first_token = t.next_token
+        if t.reqs:
+            t.reap(now, clock.boot_id(), self.probe)
+        error: CrdtStoreError | None = None
+        try:
+            t.release(tenant, lease_id, owner, token)
+        except CrdtStoreError as exc:
+            error = exc
+        t.grant(now)
+        return None, error, t.next_token != first_token
+
+    def _outcome(self, out: Outcome) -> Any:
+        value, error, wake = out
+        if wake and self.on_change is not None:
+            self.on_change()
+        if error is not None:
+            raise error
+        return value
+
     async def request(
         self,
         tenant: str,
@@ -184,24 +235,9 @@ class TableBackend(LeaseBackend):
         proc: Proc,
         wait: bool,
     ) -> LeaseState:
-        boot, wall = self.clock.boot_id(), time.time()
-
-        def op(t: Table, now: float) -> LeaseState:
-            r, _ = t.request(
-                tenant=tenant,
-                owner=owner,
-                resources=resources,
-                ttl=ttl,
-                key=key,
-                proc=proc,
-                wait=wait,
-                now=now,
-                boot=boot,
-                wall=wall,
-            )
-            return t.state_of(r, now)
-
-        return await self._change(op)
+        args = (tenant, owner, resources, ttl, key, proc, wait, time.time())
+        out = await self._transact(lambda t: self._request_tx(t, args))
+        return self._outcome(out)  # type: ignore[no-any-return]
 
     async def heartbeat(self, tenant: str, lease_id: str, owner: str, proc: Proc) -> LeaseState:
         def op(t: Table, now: float) -> LeaseState:
@@ -214,7 +250,8 @@ class TableBackend(LeaseBackend):
         return await self._change(op)
 
     async def release(self, tenant: str, lease_id: str, owner: str, token: int | None) -> None:
-        await self._change(lambda t, now: t.release(tenant, lease_id, owner, token), shield=True)
+        args = (tenant, lease_id, owner, token)
+        self._outcome(await self._transact(lambda t: self._release_tx(t, args), shield=True))
 
     async def cancel(self, tenant: str, lease_id: str, owner: str) -> bool:
         return await self._change(

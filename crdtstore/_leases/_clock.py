@@ -13,10 +13,12 @@ zombie, or belongs to a process with another start time (the pid was reused). An
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple, Protocol
 
@@ -49,16 +51,25 @@ _CLOCK_ID = getattr(time, "CLOCK_BOOTTIME", None)
 _HOST = socket.gethostname()
 
 
+def _boot_id_of_this_process() -> str:  # pragma: no cover - not Linux
+    return f"{_BOOT_ID}-{os.getpid()}"
+
+
+# C callables rather than methods: every lease transition reads both (the boot id: str() of a
+# str is that str)
+_now: Callable[[], float] = (
+    functools.partial(time.clock_gettime, _CLOCK_ID) if _CLOCK_ID is not None else time.monotonic
+)
+_boot_id: Callable[[], str] = (
+    functools.partial(str, _BOOT_ID) if _CLOCK_ID is not None else _boot_id_of_this_process
+)
+
+
 class SystemClock:
     """``CLOCK_BOOTTIME`` where the platform has it, else ``time.monotonic``."""
 
-    def now(self) -> float:
-        if _CLOCK_ID is not None:
-            return time.clock_gettime(_CLOCK_ID)
-        return time.monotonic()
-
-    def boot_id(self) -> str:
-        return _BOOT_ID if _CLOCK_ID is not None else f"{_BOOT_ID}-{os.getpid()}"
+    now = staticmethod(_now)
+    boot_id = staticmethod(_boot_id)
 
 
 class FakeClock:
@@ -111,12 +122,25 @@ def _stat(pid: int) -> tuple[str, int] | None:
 _THIS: Proc | None = None
 
 
+def _forget_this_proc() -> None:
+    global _THIS
+    _THIS = None
+
+
+# A forked child forgets the parent's identity in a fork hook rather than by comparing
+# os.getpid() on every call: the lease path asks several times per transition, and getpid is
+# a system call.
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_this_proc)
+
+
 def this_proc() -> Proc:
     """The identity of the calling process (cached; a forked child reads its own)."""
     global _THIS
-    if _THIS is None or _THIS.pid != os.getpid():
-        _THIS = _read_this_proc()
-    return _THIS
+    p = _THIS
+    if p is None:
+        p = _THIS = _read_this_proc()
+    return p
 
 
 def _read_this_proc() -> Proc:

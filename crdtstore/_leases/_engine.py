@@ -15,7 +15,8 @@ a multi-resource grant carries one token for all its resources.
 from __future__ import annotations
 
 import math
-import secrets
+import os
+import random
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -26,6 +27,14 @@ from ._rule import QueueEntry, blockers, grant_order
 
 State = Literal["waiting", "granted"]
 MAX_WATCH = 16
+
+# Lease ids need to be unique, not secret (status shows them to every caller; release and
+# heartbeat also check the owner): 64 bits from a generator seeded from os.urandom, seeded
+# again in a forked child, cost a fifth of secrets.token_hex (a system call per id).
+_ids = random.Random()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_ids.seed)
+_id_bits = _ids.getrandbits  # a lease id: _id_bits(64).to_bytes(8, "big").hex()
 
 
 @dataclass(slots=True)
@@ -55,6 +64,10 @@ class Req:
         if self.step is None or self.attempt is None:
             return None
         return (self.step, self.attempt)
+
+
+def _rank(r: Req) -> int:
+    return r.rank
 
 
 def check_ttl(ttl: object) -> float:
@@ -118,8 +131,10 @@ class Table:
         return None
 
     def _mine(self, tenant: str, lease_id: object, owner: str) -> Req:
-        r = self.find(tenant, lease_id) if isinstance(lease_id, str) else None
-        if r is None:
+        for r in self.reqs.values():  # find(), inlined: this is on every release
+            if r.id == lease_id and r.tenant == tenant:
+                break
+        else:
             raise LeaseNotFound(lease_id)
         if r.owner != owner:
             raise LeaseNotFound(lease_id, f"belongs to another owner, not {owner!r}")
@@ -128,9 +143,10 @@ class Table:
     # -- the transitions every state change starts and ends with ----------------------------
 
     def reap(self, now: float, boot: str, probe: ProcessProbe) -> list[Req]:
-        """Remove expired requests and grants of provably dead processes."""
+        """Remove expired requests and grants of provably dead processes (returned in rank
+        order)."""
         out = []
-        for r in sorted(self.reqs.values(), key=lambda r: r.rank):
+        for r in self.reqs.values():
             if r.clock_boot != boot:
                 if r.state == "granted":
                     out.append(r)
@@ -143,24 +159,34 @@ class Table:
                 r.state == "granted" and r.acked and r.proc is not None and probe.is_dead(r.proc)
             ):
                 out.append(r)
-        for r in out:
-            self._remove(r)
+        if out:
+            if len(out) > 1:
+                out.sort(key=_rank)
+            for r in out:
+                self._remove(r)
         return out
 
     def grant(self, now: float) -> list[Req]:
         """Apply the grant rule; newly granted requests get the next tokens in rank order."""
-        waiting = [r for r in self.reqs.values() if r.state != "granted"]
-        if not waiting:
-            return []
-        if len(waiting) == 1:
+        w = None
+        for r in self.reqs.values():  # a loop, not a list: this runs in every transition
+            if r.state != "granted":
+                if w is not None:
+                    break
+                w = r
+        else:
+            if w is None:
+                return []
             # the common case (a new request, nobody else waiting): what grant_order decides
             # for a lone waiter, that it is granted unless a holder of its tenant has one of
             # its resources
-            w = waiting[0]
-            mine = set(w.resources)
+            mine: set[str] | None = None
             for o in self.reqs.values():
-                if o is not w and o.tenant == w.tenant and not mine.isdisjoint(o.resources):
-                    return []
+                if o is not w and o.tenant == w.tenant:
+                    if mine is None:
+                        mine = set(w.resources)
+                    if not mine.isdisjoint(o.resources):
+                        return []
             return [self._grant_one(w, now)]
         queue = [
             QueueEntry(
@@ -184,7 +210,6 @@ class Table:
 
     def request(
         self,
-        *,
         tenant: str,
         owner: str,
         resources: tuple[str, ...],
@@ -219,25 +244,12 @@ class Table:
             r.proc, r.ttl, r.expires = proc, ttl, now + ttl
             self.dirty.add(r.rank)
         else:
+            # positional: this is on every request (in the order of Req's fields)
             r = Req(
-                rank=self.next_rank,
-                id=secrets.token_hex(8),
-                tenant=tenant,
-                owner=owner,
-                step=key[0] if key else None,
-                attempt=key[1] if key else None,
-                resources=resources,
-                state="waiting",
-                token=None,
-                ttl=ttl,
-                proc=proc,
-                acked=False,
-                created=wall,
-                clock_boot=boot,
-                requested=now,
-                granted_at=None,
-                expires=now + ttl,
-            )
+                self.next_rank, _id_bits(64).to_bytes(8, "big").hex(), tenant, owner,
+                key[0] if key else None, key[1] if key else None,
+                resources, "waiting", None, ttl, proc, False, wall, boot, now, None, now + ttl,
+            )  # fmt: skip
             self.next_rank += 1
             self.meta_dirty = True
             self.reqs[r.rank] = r
@@ -283,12 +295,21 @@ class Table:
             LeaseNotFound: no such lease, or another owner's.
             LeaseLost: not granted, or ``token`` is not the grant's token.
         """
-        r = self._mine(tenant, lease_id, owner)
+        for r in self.reqs.values():  # _mine() and _remove(), inlined: on every release
+            if r.id == lease_id and r.tenant == tenant:
+                break
+        else:
+            raise LeaseNotFound(lease_id)
+        if r.owner != owner:
+            raise LeaseNotFound(lease_id, f"belongs to another owner, not {owner!r}")
         if r.state != "granted":
             raise LeaseLost(r.resources[0], "not granted (still waiting); cancel it instead")
         if token is not None and token != r.token:
             raise LeaseLost(r.resources[0], f"token {token} is not this grant's token", token)
-        self._remove(r)
+        rank = r.rank
+        del self.reqs[rank]
+        self.dirty.discard(rank)
+        self.removed.add(rank)
         return r
 
     def cancel(self, tenant: str, lease_id: str, owner: str) -> Req | None:
@@ -340,7 +361,7 @@ class Table:
                 "token": r.token,
                 "ttl": r.ttl,
                 "expires_in": r.expires - now,
-                "key": r.key,
+                "key": None if r.step is None or r.attempt is None else (r.step, r.attempt),
                 "wake_in": wake_in,
                 "watch_pids": tuple(sorted(set(watch))[:MAX_WATCH]) if watch else (),
             }

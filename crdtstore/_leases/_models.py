@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -70,12 +71,16 @@ def _construct_ok() -> bool:
 _CONSTRUCT_OK = _construct_ok()  # False only if a pydantic release changed its internals
 
 
-def lease_state(values: dict[str, object]) -> LeaseState:
-    """A ``LeaseState`` from values the lease engine built itself (every field, of the right
-    type), without validating them again: this is on the path of every lease transition."""
-    if _CONSTRUCT_OK:
-        return _construct_state(values)
-    return LeaseState.model_validate(values)  # pragma: no cover
+def _validated_state(values: dict[str, object]) -> LeaseState:  # pragma: no cover
+    return LeaseState.model_validate(values)
+
+
+# A ``LeaseState`` from values the lease engine built itself (every field, of the right type),
+# without validating them again: this is on the path of every lease transition (chosen once,
+# not per call).
+lease_state: Callable[[dict[str, object]], LeaseState] = (
+    _construct_state if _CONSTRUCT_OK else _validated_state
+)
 
 
 class LeaseInfo(BaseModel):
