@@ -78,6 +78,7 @@ class _Room:
         self.closing = False
         self.closed = anyio.Event()
         self._subscription: Any = None
+        self._unsubscribe: Any = None  # (ends the subscription, see attach)
         # Size of the document's v1 encoding: exact when measured, then a bound kept by adding
         # the length of every transaction's update since plus _GROWTH_SLACK (an applied update
         # grew the encoding by at most its length + 37 bytes over 12,000 random map/text
@@ -88,8 +89,15 @@ class _Room:
     def attach(self, rec: Record, size: int) -> None:
         self.rec = rec
         self.size = size
-        # (the replica's capture encodes each transaction's update once, for both of us)
-        self._subscription = rec.replica.listen(self._on_update)
+        replica = rec.replica
+        listen = getattr(replica, "listen", None)
+        if listen is not None:
+            # (the replica's capture encodes each transaction's update once, for both of us)
+            self._subscription = listen(self._on_update)
+            self._unsubscribe = replica.unlisten
+        else:  # a document of its own (tests)
+            self._subscription = replica.doc.observe(lambda event: self._on_update(event.update))
+            self._unsubscribe = replica.doc.unobserve
 
     def measure(self) -> int:
         """The exact encoded size of the document (one full encoding: 4-11 ms per MB)."""
@@ -121,7 +129,7 @@ class _Room:
 
     def detach(self) -> None:
         if self.rec is not None and self._subscription is not None:
-            self.rec.replica.unlisten(self._subscription)
+            self._unsubscribe(self._subscription)
             self._subscription = None
 
     def _on_update(self, update: bytes) -> None:
