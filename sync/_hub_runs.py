@@ -69,7 +69,8 @@ class _Room:
         self.rec: Record | None = None
         self.commit: LoopCommit | None = None  # the record's group commit on the loop
         self.conns: set[_Conn] = set()  # (changed through join and leave)
-        self._targets: tuple[_Conn, ...] | None = None  # the conns broadcast goes to
+        # the conns broadcast goes to, each with its socket's transport and protocol
+        self._targets: tuple[tuple[_Conn, Any, Any], ...] | None = None
         self.awareness: dict[int, AwarenessEntry] = {}
         self.users = 0
         self.ready = anyio.Event()
@@ -77,6 +78,7 @@ class _Room:
         self.closing = False
         self.closed = anyio.Event()
         self._subscription: Any = None
+        self._unsubscribe: Any = None  # (ends the subscription, see attach)
         # Size of the document's v1 encoding: exact when measured, then a bound kept by adding
         # the length of every transaction's update since plus _GROWTH_SLACK (an applied update
         # grew the encoding by at most its length + 37 bytes over 12,000 random map/text
@@ -87,7 +89,15 @@ class _Room:
     def attach(self, rec: Record, size: int) -> None:
         self.rec = rec
         self.size = size
-        self._subscription = rec.replica.doc.observe(self._on_transaction)
+        replica = rec.replica
+        listen = getattr(replica, "listen", None)
+        if listen is not None:
+            # (the replica's capture encodes each transaction's update once, for both of us)
+            self._subscription = listen(self._on_update)
+            self._unsubscribe = replica.unlisten
+        else:  # a document of its own (tests)
+            self._subscription = replica.doc.observe(lambda event: self._on_update(event.update))
+            self._unsubscribe = replica.doc.unobserve
 
     def measure(self) -> int:
         """The exact encoded size of the document (one full encoding: 4-11 ms per MB)."""
@@ -119,13 +129,12 @@ class _Room:
 
     def detach(self) -> None:
         if self.rec is not None and self._subscription is not None:
-            self.rec.replica.doc.unobserve(self._subscription)
+            self._unsubscribe(self._subscription)
             self._subscription = None
 
-    def _on_transaction(self, event: Any) -> None:
+    def _on_update(self, update: bytes) -> None:
         # A connection's update is broadcast by its own task (as received, to the others);
         # what else changes the document comes from the journal (other processes' writes).
-        update = bytes(event.update)
         if update in _EMPTY_UPDATES:
             return
         self.size += len(update) + _GROWTH_SLACK
@@ -152,19 +161,19 @@ class _Room:
         :meth:`_Conn.send` (their send queue)."""
         targets = self._targets
         if targets is None:
-            targets = self._targets = tuple(c for c in self.conns if not c.journal_client)
+            targets = self._targets = tuple(
+                (c, c.ws.transport, c.ws.protocol) for c in self.conns if not c.journal_client
+            )
         wire: bytes | None = None
-        for conn in targets:
+        for conn, transport, protocol in targets:
             if conn is exclude:
                 continue
-            ws = conn.ws
-            transport = ws.transport
             if (
                 conn.close_with is None
                 and not conn.queue
                 and transport.get_write_buffer_size() < conn.high_water
             ):
-                if ws.protocol.state is State.OPEN:  # (see _Conn.write_now)
+                if protocol.state is State.OPEN:  # (see _Conn.write_now)
                     if wire is None:
                         wire = _wire(frame)
                     transport.write(wire)

@@ -50,6 +50,8 @@ TYPE_REFS = {0: "list", 1: "map", 2: "text"}
 # pair as an empty string.)
 _EMPTY_STRUCT = "a GC or skip struct of length 0"
 
+_U32 = 2**32 - 1  # yrs reads clocks and lengths as u32
+
 _STATE_VECTOR_ENTRY_MIN = 2  # a client id and a clock take a byte each at least
 
 
@@ -272,6 +274,9 @@ class Decoded(NamedTuple):
     # some item names a nested type (an item id) as its parent: pycrdt refuses such an item
     # when the id is not a shared type, after integrating the items before it
     nested: bool = False
+    # every byte was read as yrs reads it (see :func:`fully_read`): only map entries with one
+    # ``any`` value, strings, deletions and GC/skip structs, every clock within yrs' u32
+    plain: bool = False
 
 
 def decode_update(update: bytes) -> Decoded:
@@ -302,6 +307,8 @@ def _decode(data: bytes) -> Decoded:
     entries: list[MapItem] = []
     others: set[str] | None = set()
     nested = False
+    skipped = False  # some content was skipped, not read (see Decoded.plain)
+    top = 0  # the highest clock reached
     r = Decoder(data)
     b = data[0]
     clients, pos = (b, 1) if b < 0x80 else read_var_uint_at(data, 0)
@@ -330,11 +337,15 @@ def _decode(data: bytes) -> Decoded:
                 b = data[pos]
                 ok, pos = (b, pos + 1) if b < 0x80 else read_var_uint_at(data, pos)
                 origin = (oc, ok)
-                if info & 0x80 and info & 0x40:  # a right origin too: not needed
+                if ok > top:
+                    top = ok
+                if info & 0x80 and info & 0x40:  # a right origin too: only its clock checked
                     b = data[pos]
                     _, pos = (b, pos + 1) if b < 0x80 else read_var_uint_at(data, pos)
                     b = data[pos]
-                    _, pos = (b, pos + 1) if b < 0x80 else read_var_uint_at(data, pos)
+                    rk, pos = (b, pos + 1) if b < 0x80 else read_var_uint_at(data, pos)
+                    if rk > top:
+                        top = rk
             r.pos = pos
             parent: str | tuple[int, int] | None = None
             key: str | None = None
@@ -351,9 +362,12 @@ def _decode(data: bytes) -> Decoded:
                 length = r.read_var_uint()
                 if info & 0x20 and length:
                     value = r.read_any()
-                    for _ in range(length - 1):
-                        r.skip_any()
+                    if length > 1:
+                        skipped = True
+                        for _ in range(length - 1):
+                            r.skip_any()
                 else:
+                    skipped = skipped or length > 0
                     for _ in range(length):
                         r.skip_any()
             elif ref == 1:  # ContentDeleted
@@ -371,6 +385,7 @@ def _decode(data: bytes) -> Decoded:
                     length = len(text.encode("utf-16-le")) // 2
                     value = text
             elif ref == 2:  # ContentJSON
+                skipped = True
                 length = r.read_var_uint()
                 for _ in range(length):
                     r.skip_var_string()
@@ -392,6 +407,8 @@ def _decode(data: bytes) -> Decoded:
                 length = 1
             else:
                 raise CodecError(f"unknown content ref {ref}")
+            if ref != 1 and ref != 4 and ref != 8:
+                skipped = True
             pos = r.pos
             if info & 0x20:
                 entries.append(MapItem(client, clock, length, origin, parent, key, ref, value))
@@ -401,4 +418,13 @@ def _decode(data: bytes) -> Decoded:
                 elif parent is None:
                     others = None  # an item next to another one: its root is not named
             clock += length
-    return Decoded(entries, others, _delete_set(data, pos), nested)
+        if clock > top:
+            top = clock
+    deletes = _delete_set(data, pos)
+    plain = not skipped and not nested and top <= _U32
+    if plain:
+        for _, at, length in deletes:
+            if at + length > _U32:
+                plain = False
+                break
+    return Decoded(entries, others, deletes, nested, plain)

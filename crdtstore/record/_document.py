@@ -15,12 +15,12 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from pycrdt import Array, Doc, Map, Text
+from pycrdt import Array, Doc, Map, Text, get_state
 
 from .._errors import CollectionKindMismatch, InvalidUpdate, PayloadTooLarge
 from .._journal import NewEntry, Op, checksum
 from .._values import from_stored
-from ..codec import Decoded, check_update_counts, decode_update
+from ..codec import CodecError, Decoded, check_update_counts, decode_update
 from ._item_provenance import ItemIndex
 from ._provenance import Meta, ProvenanceIndex
 from ._pycrdt import DirectTransaction, insert_all, insert_one, list_values, observe_updates
@@ -32,6 +32,21 @@ KINDS: dict[str, type[Any]] = {"map": Map, "list": Array, "text": Text}
 DEFAULT_MAX_UPDATE = 16 * 1024 * 1024
 
 _EMPTY_UPDATES = (b"\x00\x00",)
+
+
+def _pycrdt_parse(update: bytes) -> None:
+    """pycrdt's parse of ``update`` (decoding its state vector parses the whole structure
+    without touching a document).
+
+    Raises:
+        InvalidUpdate: pycrdt refuses the bytes.
+    """
+    try:
+        get_state(update)
+    except BaseException as exc:  # pycrdt raises ValueError, RuntimeError or a panic
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        raise InvalidUpdate(f"{type(exc).__name__}: {exc}") from None
 
 
 class ReplicaDocument(ProvenanceIndex):
@@ -60,6 +75,7 @@ class ReplicaDocument(ProvenanceIndex):
         self.last_checked: tuple[bytes, Decoded] | None = None
         self._direct: DirectTransaction | None = None  # what local_set reuses (see there)
         self.partial_update: bytes | None = None
+        self._listeners: tuple[Callable[[bytes], None], ...] = ()  # see listen()
         self._capture: Any = self.capture_transactions()
         self.items = ItemIndex()  # who brought each list or text item
         self._txn_items: Meta | None = None  # the open transaction wrote items (see do())
@@ -101,12 +117,32 @@ class ReplicaDocument(ProvenanceIndex):
             replica = ref()
             if replica is not None:
                 replica._transactions += 1
+                listeners = replica._listeners
                 if replica._capturing:
-                    replica._captured = event.update
+                    update = replica._captured = event.update
                     if replica._deletes_wanted:  # (which items the update deleted)
                         replica._captured_deletes = event.delete_set
+                    for listener in listeners:
+                        listener(update)
+                elif listeners:
+                    update = event.update
+                    for listener in listeners:
+                        listener(update)
 
         return observe_updates(self.doc, on_transaction, self)
+
+    def listen(self, listener: Callable[[bytes], None]) -> Callable[[bytes], None]:
+        """Call ``listener(update)`` with the update of every transaction that changes the
+        document, from the capture's observer (:meth:`capture_transactions`): the update is
+        encoded once per transaction for the capture and every listener alike, where an
+        observer of its own on the document would encode it again. Returns ``listener``,
+        for :meth:`unlisten`."""
+        self._listeners = (*self._listeners, listener)
+        return listener
+
+    def unlisten(self, listener: Callable[[bytes], None]) -> None:
+        """Stop calling ``listener`` (given to :meth:`listen`; unknown: nothing happens)."""
+        self._listeners = tuple(x for x in self._listeners if x is not listener)
 
     def kind_of(self, name: str) -> str | None:
         """The kind the registry gives ``name`` (None when unregistered or not a kind)."""
@@ -327,10 +363,12 @@ class ReplicaDocument(ProvenanceIndex):
         """Reject update bytes that cannot be right before they reach the document; return
         what the trial decode read (None without it).
 
-        The trial decode is pycrdt's parse (``get_state``) and crdtstore's strict one
-        (:func:`crdtstore.codec.decode_update`: canonical, no trailing bytes, no struct of
-        length 0), which refuses bytes pycrdt would take into a document it can then no
-        longer encode.
+        The trial decode is crdtstore's strict one (:func:`crdtstore.codec.decode_update`:
+        canonical, no trailing bytes, no struct of length 0), which refuses bytes pycrdt
+        would take into a document it can then no longer encode, and pycrdt's parse
+        (``get_state``) unless that decode read every byte as yrs does (``Decoded.plain``:
+        map entries with one value, strings, deletions; what a writer of map sets and text
+        sends), so that the usual update is parsed once.
 
         Raises:
             PayloadTooLarge: larger than ``max_update``.
@@ -344,15 +382,12 @@ class ReplicaDocument(ProvenanceIndex):
         if not trial_decode:
             return None
         try:
-            # decoding the state vector parses the whole structure without touching the doc
-            from pycrdt import get_state
-
-            get_state(update)
-        except BaseException as exc:  # pycrdt raises ValueError, RuntimeError or a panic
-            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-                raise
-            raise InvalidUpdate(f"{type(exc).__name__}: {exc}") from None
-        decoded = decode_update(update)  # (a CodecError is an InvalidUpdate)
+            decoded = decode_update(update)
+        except (CodecError, PayloadTooLarge):
+            _pycrdt_parse(update)  # (its refusal first, as it always came first)
+            raise
+        if not decoded.plain:  # content crdtstore's decoder skips, or clocks past u32
+            _pycrdt_parse(update)
         self.last_checked = (update, decoded)
         return decoded
 
