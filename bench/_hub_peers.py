@@ -6,12 +6,15 @@ process prints protocol lines on stdout (``READY``, ``SYNCED``, ``DONE``, then o
 {json}``) and reads ``GO`` on stdin where it must wait for the parent.
 
     observers URL... --n N         # one observer per URL; stamps each update's arrival
+    observers URL... --n N --apply # ... in its pycrdt Doc (applied, seen by an observer)
     writer URL --n N --rate R      # sends N small map updates at R/s (0: as fast as it can)
     join URL --keys K              # time from connect to the full document applied
 
 Observers do not apply the updates: each update's value carries a marker ``~SEQ<n>~`` that
 they find in the frame bytes and stamp with ``time.monotonic_ns()`` (one clock for every
-process of the machine). The writer stamps each update just before ``ws.send``.
+process of the machine). With ``--apply`` they are Yjs peers: each applies the sync step 2 and
+every update to a pycrdt ``Doc`` and stamps a marker when the doc's map event shows it (what a
+y-websocket client's observer sees). The writer stamps each update just before ``ws.send``.
 """
 
 from __future__ import annotations
@@ -51,7 +54,42 @@ async def _connect(url: str) -> ClientConnection:
 # -- observers ----------------------------------------------------------------------------------
 
 
-async def observers(urls: list[str], n: int, deadline: float) -> None:
+def _payload(frame: bytes) -> bytes:
+    """The update of a sync step 2 or update frame (after its two type bytes, a varUint
+    length and the bytes)."""
+    length, shift, at = 0, 0, 2
+    while True:
+        b = frame[at]
+        at += 1
+        length |= (b & 0x7F) << shift
+        shift += 7
+        if b < 0x80:
+            return frame[at : at + length]
+
+
+def _applier(n: int, stamp: Any) -> Any:
+    """``apply(update)`` into a pycrdt doc whose ``notes`` map observer calls ``stamp(seq)``
+    for every ``~SEQ<n>~`` value it sees set."""
+    from pycrdt import Doc, Map
+
+    doc: Doc[Any] = Doc()
+    notes = doc.get("notes", type=Map)
+
+    def seen(event: Any) -> None:
+        for change in event.keys.values():
+            value = change.get("newValue")
+            if isinstance(value, str) and value.startswith("~SEQ"):
+                stamp(int(value[4:-1]))
+
+    held = (doc, notes, notes.observe(seen))  # (a dropped subscription stops observing)
+
+    def apply(update: bytes) -> None:
+        held[0].apply_update(update)
+
+    return apply
+
+
+async def observers(urls: list[str], n: int, deadline: float, apply: bool = False) -> None:
     arrivals = [[0] * n for _ in urls]
     counts = [0] * len(urls)
     synced = [asyncio.Event() for _ in urls]
@@ -63,6 +101,18 @@ async def observers(urls: list[str], n: int, deadline: float) -> None:
     async def observe(i: int, url: str) -> None:
         nonlocal finished
         mine = arrivals[i]
+
+        def stamp(seq: int) -> None:
+            nonlocal finished
+            if seq < n and not mine[seq]:
+                mine[seq] = time.monotonic_ns()
+                counts[i] += 1
+                if counts[i] == n:
+                    finished += 1
+                    if finished == len(urls):
+                        all_done.set()
+
+        doc_apply = _applier(n, stamp) if apply else None
         ws = await _connect(url)
         sockets.append(ws)
         await ws.send(EMPTY_STEP1)
@@ -72,7 +122,11 @@ async def observers(urls: list[str], n: int, deadline: float) -> None:
                 if frame[0] != 0:  # awareness etc.
                     continue
                 sub = frame[1]
-                if sub == 2:  # update
+                if doc_apply is not None and sub in (1, 2):  # a peer: into its doc
+                    doc_apply(_payload(frame))
+                    if sub == 1:
+                        synced[i].set()
+                elif sub == 2:  # update
                     at = frame.find(MARKER)
                     if at < 0:
                         continue
@@ -220,6 +274,7 @@ def main() -> None:
     o.add_argument("urls", nargs="+")
     o.add_argument("--n", type=int, required=True)
     o.add_argument("--deadline", type=float, default=120.0)
+    o.add_argument("--apply", action="store_true", help="apply to a pycrdt doc, stamp its events")
     w = sub.add_parser("writer")
     w.add_argument("url")
     w.add_argument("--n", type=int, required=True)
@@ -230,7 +285,7 @@ def main() -> None:
     j.add_argument("--collection", default="big")
     args = ap.parse_args()
     if args.mode == "observers":
-        asyncio.run(observers(args.urls, args.n, args.deadline))
+        asyncio.run(observers(args.urls, args.n, args.deadline, args.apply))
     elif args.mode == "writer":
         asyncio.run(writer(args.url, args.n, args.rate))
     else:

@@ -21,6 +21,8 @@ Baselines in the same run, same pacing and counts:
 - **Yjs peers through the same hub**: a plain Yjs writer and R plain Yjs observers on raw
   WebSockets (``bench/_hub_peers.py``: a pycrdt doc speaking y-protocols; observers stamp the
   update frame's arrival without applying it), on another run of the same hub process.
+- **Yjs peers applying** (``yjsdoc``): the same, but every observer applies each update to a
+  pycrdt ``Doc`` and stamps it in the doc's map observer (``--apply``), as a Yjs client sees it.
 - **SQLite direct**: the same writer and readers as above on ``sqlite:///`` (a separate store
   file; no hub): what ``bench/propagation.py`` measures, with this harness.
 
@@ -49,10 +51,11 @@ from _common import Result, fmt, header, median, percentile, readline, spawn, st
 HERE = Path(__file__).resolve().parent
 TENANT = "bench"
 SKIP = 10  # first writes not counted (connection and page-cache warm-up)
-KINDS = ("ws", "yjs", "sqlite")
+KINDS = ("ws", "yjs", "yjsdoc", "sqlite")
 LABELS = {
     "ws": "crdtstore ws:// through the hub",
     "yjs": "plain Yjs peers through the hub",
+    "yjsdoc": "Yjs peers applying, through the hub",
     "sqlite": "crdtstore sqlite:// direct",
 }
 _LISTENING = re.compile(r"crdtstore hub listening on ws://127\.0\.0\.1:(\d+)")
@@ -185,7 +188,7 @@ def trial(
     me = str(Path(__file__).resolve())
     cpu: list[float] = []  # CPU seconds of each reader process while it received
     try:
-        if kind == "yjs":
+        if kind in ("yjs", "yjsdoc"):
             base = f"ws://127.0.0.1:{hub.port}/{TENANT}/{run}"
             w_url = f"{base}?token={hub.token(run, 'writer', 'rw')}"
             writer = spawn([str(HERE / "_hub_peers.py"), "writer", w_url, "--n", str(n),
@@ -193,8 +196,9 @@ def trial(
             procs.append(writer)
             readline(writer, "SYNCED")
             urls = [f"{base}?token={hub.token(run, f'r{i}', 'ro')}" for i in range(readers)]
+            apply = ["--apply"] if kind == "yjsdoc" else []
             obs = [spawn([str(HERE / "_hub_peers.py"), "observers", u, "--n", str(n),
-                           "--deadline", str(n / rate + 60)]) for u in urls]  # fmt: skip
+                           "--deadline", str(n / rate + 60), *apply]) for u in urls]  # fmt: skip
             procs += obs
             for p in obs:
                 readline(p, "READY")
@@ -264,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-n", "--n", type=int, default=None, help="writes per trial (default 600)")
     ap.add_argument("--rate", type=float, default=100.0, help="writes per second")
     ap.add_argument("--readers", default="1,4,8", help="comma-separated reader counts")
-    ap.add_argument("--kinds", default=",".join(KINDS), help="which of ws,yjs,sqlite")
+    ap.add_argument("--kinds", default=",".join(KINDS), help="which of ws,yjs,yjsdoc,sqlite")
     ap.add_argument("--repeat", type=int, default=1, help="runs of every configuration")
     # an agent process (internal)
     ap.add_argument("--agent", choices=("writer", "reader"), help=argparse.SUPPRESS)
@@ -342,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         cells: list[Any] = [r]
         for q in ("p50", "p99"):
             cells.append(fmt(fig["ws"][q], "ms"))
-            for base in ("yjs", "sqlite"):
+            for base in ("yjs", "yjsdoc", "sqlite"):
                 if base in fig:
                     cells.append(f"{fig['ws'][q] / fig[base][q]:.2f}x")
                 else:
@@ -362,8 +366,32 @@ def main(argv: list[str] | None = None) -> int:
                     None,
                 )
             )
+            doc = fig.get("yjsdoc", {}).get(q)
+            if doc:
+                results.append(
+                    Result(
+                        "ws_propagation",
+                        f"ws:// {q} latency vs applying Yjs peers, {r} readers",
+                        fig["ws"][q],
+                        "ms",
+                        doc,
+                        fig["ws"][q] / doc,
+                        "(vs Yjs peers applying to a doc, through the same hub)",
+                        None,
+                    )
+                )
     table(
-        ["readers", "ws:// p50", "/ Yjs", "/ SQLite", "ws:// p99", "/ Yjs", "/ SQLite"],
+        [
+            "readers",
+            "ws:// p50",
+            "/ Yjs",
+            "/ Yjs doc",
+            "/ SQLite",
+            "ws:// p99",
+            "/ Yjs",
+            "/ Yjs doc",
+            "/ SQLite",
+        ],
         summary,
     )
     for res in results:
