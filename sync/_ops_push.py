@@ -236,28 +236,18 @@ def _hook_commits(room: Any, state: _RunPushes) -> None:
     without waiting for the appending task to run again. Entries of any other path (the
     record's committer, other processes) are pushed by the leader, which reads them."""
     commit: Any = getattr(room, "commit", None)
-    append_now = getattr(commit, "_append_now", None)
-    rec = getattr(room, "rec", None)
-    if append_now is None or rec is None or getattr(rec, "_jrun", None) != room.run:
-        return  # (no group commit on the loop, or a nested run's: the leader pushes)
+    if commit is None:
+        return  # (no group commit on the loop: the leader pushes)
     tenant, run = room.tenant, room.run
 
-    def append_and_push(t: str, r: str, entries: Sequence[NewEntry]) -> list[int] | None:
-        seqs: list[int] | None = append_now(t, r, entries)
-        if seqs and t == tenant and r == run:
+    def push(t: str, r: str, entries: Sequence[NewEntry], seqs: list[int]) -> None:
+        if seqs and t == tenant and r == run:  # (a nested run's entries: the leader pushes)
             try:
                 _committed_push(state, seqs, entries)
             except Exception:  # never into the commit: the leader pushes them (it reads)
                 log.exception("head push of %s/%s", tenant, run)
-        return seqs
 
-    commit._append_now = append_and_push
-
-    def unhook() -> None:
-        if commit._append_now is append_and_push:
-            commit._append_now = append_now
-
-    state.unhook = unhook
+    state.unhook = commit.on_committed(push)
 
 
 def _committed_push(state: _RunPushes, seqs: list[int], entries: Sequence[NewEntry]) -> None:

@@ -47,6 +47,8 @@ log = logging.getLogger("crdtstore.record")
 _RIDE = 0.75
 
 AppendNow = Callable[[str, str, Sequence[NewEntry]], "list[int] | None"]
+# (tenant, journal run, the entries, their positions): see LoopCommit.on_committed
+Committed = Callable[[str, str, Sequence[NewEntry], "list[int]"], None]
 
 #: ``observer(path, entries, seconds)`` after a journal commit of a record: ``path`` is
 #: ``"loop"`` (this module's group commit) or ``"committer"`` (the record's committer task),
@@ -115,6 +117,20 @@ class LoopCommit:
         self._timer: Any = None  # the handle of a deferred commit (call_later)
         self._deferred_at = 0.0  # time.monotonic() when the deferred batch's first entry came
         self._last_commit = -math.inf  # time.monotonic() of the last group commit
+        self._listeners: list[Committed] = []
+
+    def on_committed(self, listener: Committed) -> Callable[[], None]:
+        """Call ``listener(tenant, run, entries, seqs)`` after each group commit, once the
+        journal committed ``entries`` at ``seqs`` and before the record marks them committed:
+        sync's hub pushes them to its clients from here, without reading them back. A
+        listener that raises is logged; the commit stands. Returns a function removing it."""
+        self._listeners.append(listener)
+
+        def remove() -> None:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+        return remove
 
     @property
     def deferred(self) -> bool:
@@ -197,12 +213,18 @@ class LoopCommit:
         batch = list(pending)
         started = time.perf_counter()
         try:
-            seqs = self._append_now(rec.tenant, rec._jrun, rec._entries(batch))
+            entries = rec._entries(batch)
+            seqs = self._append_now(rec.tenant, rec._jrun, entries)
         except CrdtStoreError as exc:
             log.debug("group commit %s/%s: %s (the committer retries)", rec.tenant, rec.run, exc)
             return False
         if seqs is None:
             return False
+        for listener in tuple(self._listeners):
+            try:
+                listener(rec.tenant, rec._jrun, entries, seqs)
+            except Exception:  # never into the commit: it stands
+                log.exception("a listener of the group commit of %s/%s", rec.tenant, rec.run)
         self.group_commits += 1
         self._last_commit = time.monotonic()
         rec._mark_committed(batch, seqs)

@@ -80,6 +80,7 @@ class FakeRecord:
         self._commit_observer = None
         self._store = SimpleNamespace(notifier=SimpleNamespace(others_listening=lambda: False))
         self.tenant = "t"
+        self.run = "r"
         self._jrun = "r"
         self.queued_at: dict[int, float] = {}
         self.committed: list[tuple[float, list[int]]] = []
@@ -152,3 +153,39 @@ def test_no_entry_waits_longer_than_a_window_and_commits_are_a_window_apart(
     times = [at for at, _ in rec.committed]
     for before, after in itertools.pairwise(times):
         assert after - before >= window * (1 - 1e-9)
+
+
+def test_listeners_hear_each_commit_before_the_record_marks_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    loop = Loop()
+    monkeypatch.setattr(
+        _loop_commit, "time", SimpleNamespace(monotonic=lambda: loop.now, perf_counter=lambda: 0)
+    )
+    rec = FakeRecord(loop)
+    commit = LoopCommit(
+        rec, lambda t, r, e: [10 + x for x in e], loop.call_soon, loop.call_later, 1.0
+    )  # type: ignore[arg-type]
+    heard: list[tuple[str, str, list[int], list[int], int]] = []
+
+    def listener(t: str, r: str, entries: Sequence[Any], seqs: list[int]) -> None:
+        heard.append((t, r, list(entries), seqs, len(rec.committed)))
+
+    def broken(t: str, r: str, entries: Sequence[Any], seqs: list[int]) -> None:
+        raise RuntimeError("a listener's bug")
+
+    remove = commit.on_committed(listener)
+    commit.on_committed(broken)  # logged; the commit stands and later listeners still hear
+    rec._pending.append(0)
+    commit.queued()
+    loop.run_soon()
+    assert heard == [("t", "r", [0], [10], 0)]  # (before _mark_committed)
+    assert rec.committed == [(0.0, [0])]
+    remove()
+    remove()  # (twice is fine)
+    loop.advance(5.0)
+    rec._pending.append(1)
+    commit.queued()
+    loop.run_soon()
+    loop.advance(math.inf)
+    assert len(heard) == 1 and rec.committed[-1][1] == [1]
