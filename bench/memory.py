@@ -24,7 +24,7 @@ Variants:
 - ``record-memory``: a record on ``memory://`` (the journal itself lives in the process too;
   informative, not the target).
 
-Target: record <= 2x raw (``record-written``, ``record-resumed`` and ``record-snapshot``).
+Target: record <= 1.5x raw (issue 20; ``record-written``, ``record-resumed``, ``record-snapshot``).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from typing import Any
 
 from _common import Result, fmt, header, median, table
 
-TARGET = 2.0
+TARGET = 1.5  # issue 20 (was 2x)
 RUN = "mem"
 MiB = 1024 * 1024
 
