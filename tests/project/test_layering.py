@@ -114,7 +114,12 @@ def test_a_command_that_fails_to_load_says_so(monkeypatch: pytest.MonkeyPatch) -
 _PUBLIC = {"crdtstore", "crdtstore.codec", "crdtstore.record", "crdtstore.backend"}
 # names a record, store or replica is held by in sync (``rec._pending`` is a private reach;
 # ``self.journal._wake_run`` on sync's own WsJournal is not)
-_CRDTSTORE_HOLDERS = {"rec", "record", "store", "replica", "backend", "leases"}
+_CRDTSTORE_HOLDERS = {"rec", "record", "store", "replica", "backend", "leases", "commit"}
+
+
+def _holder(node: ast.AST) -> str | None:
+    """The name ``node`` is held by (``rec`` of ``rec`` or of ``room.rec``), if any."""
+    return node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", None)
 
 
 def _crdtstore_reaches(source: str) -> list[str]:
@@ -138,10 +143,22 @@ def _crdtstore_reaches(source: str) -> list[str]:
                     if alias.name.startswith("_"):
                         out.append(f"from {node.module} import {alias.name}")
         elif isinstance(node, ast.Attribute) and node.attr.startswith("_"):
-            base = node.value
-            name = base.attr if isinstance(base, ast.Attribute) else getattr(base, "id", None)
+            name = _holder(node.value)
             if name in _CRDTSTORE_HOLDERS and not node.attr.startswith("__"):
                 out.append(f"{name}.{node.attr}")
+        elif (  # getattr(rec, "_x"), setattr(commit, "_x", ...), hasattr(...)
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "setattr", "hasattr")
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+            and node.args[1].value.startswith("_")
+            and not node.args[1].value.startswith("__")
+        ):
+            name = _holder(node.args[0])
+            if name in _CRDTSTORE_HOLDERS:
+                out.append(f"{node.func.id}({name}, {node.args[1].value!r})")
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef):
             for b in node.bases:
@@ -176,6 +193,9 @@ def test_sync_reaches_crdtstore_only_through_public_extension_points() -> None:
         "def f(room):\n    room.rec._urge()",
         "def f(ctx):\n    ctx.store._notifier.watch()",
         "from crdtstore import Record\nclass _HubRecord(Record):\n    pass",
+        "def f(room, g):\n    room.commit._append_now = g",
+        "def f(room):\n    return getattr(room.rec, '_jrun', None)",
+        "def f(commit, g):\n    setattr(commit, '_append_now', g)",
     ],
 )
 def test_the_boundary_check_sees_private_reaches(source: str) -> None:
