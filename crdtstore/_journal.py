@@ -234,6 +234,9 @@ class JournalBackend(ABC):
     """
 
     name: str = "journal"
+    # reads of a few hundred rows are served on the event loop thread, without a thread hop
+    # or network wait (SQLite): a bulk replay may then read them with the GC paused
+    small_reads_inline: bool = False
 
     def bind(self, wake: Callable[[str, str], None]) -> None:
         """Called by the store with its wake-up function (``wake(tenant, run)`` wakes the

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
+from contextlib import nullcontext
 from typing import TYPE_CHECKING
 
 import anyio
@@ -139,15 +140,18 @@ class _Compaction:
         gap = False
         reported = seq
         chunk = READ_CHUNK
-        if getattr(self._backend, "small_reads_inline", False):
+        inline = self._backend.small_reads_inline
+        if inline:
             chunk = min(chunk, _READ)
+        read_pause = collector_paused if inline else nullcontext  # (as JournalLink._load)
         while seq < target:
-            with collector_paused():  # (read and applied: as JournalLink._load does)
+            with read_pause():
                 rows = await self._backend.read(self.tenant, run, seq, min(chunk, target - seq))
                 if not rows:
                     break
                 gap = gap or rows[0].seq != seq + 1
-                replica.apply_rows(rows, run, settle=False, own=False)
+                with collector_paused():
+                    replica.apply_rows(rows, run, settle=False, own=False)
                 seq = replica.seq = rows[-1].seq
                 del rows
             await anyio.lowlevel.checkpoint()  # let other tasks run

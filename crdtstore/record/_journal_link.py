@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from builtins import list as _List
+from contextlib import nullcontext
 from typing import Any
 
 import anyio
@@ -68,18 +69,20 @@ class JournalLink(Changes):
         # read and applied with the cyclic collector paused: its rows, effects and
         # bookkeeping, none in a cycle, otherwise start collections whose survivors start
         # full ones (a tenth of a 100k-entry resume, bench/resume.py); one pause for both,
-        # or the first allocation between them collects the chunk's rows. (A read of
-        # LOAD_CHUNK rows is served on the loop thread: no other task runs in the pause,
-        # unless the loop connection is busy and a worker thread reads.) The provenance
-        # index is packed once at the end.
+        # or the first allocation between them collects the chunk's rows. The read is in the
+        # pause only where the backend serves it on the loop thread (``small_reads_inline``:
+        # SQLite), so no other task runs in it; a read over the network is not paused for.
+        # The provenance index is packed once at the end.
+        read_pause = collector_paused if self._backend.small_reads_inline else nullcontext
         while True:
-            with collector_paused():
+            with read_pause():
                 rows = await self._backend.read(
                     self.tenant, self._jrun, self.applied_seq, LOAD_CHUNK
                 )
                 if not rows:
                     break
-                self.replica.apply_rows(rows, self._jrun, settle=False, own=False)
+                with collector_paused():  # (nothing more if the read's pause holds)
+                    self.replica.apply_rows(rows, self._jrun, settle=False, own=False)
                 self.applied_seq = rows[-1].seq
                 del rows
             await anyio.lowlevel.checkpoint()  # let other tasks run
