@@ -27,7 +27,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import crdtstore
-from crdtstore import BackendError, LeaseHeld, LeaseLost, LeaseNotFound
+from crdtstore import BackendError, InvalidResource, LeaseHeld, LeaseLost, LeaseNotFound
 from crdtstore._backends.sqlite import SQLiteJournal, SQLiteLeases
 from crdtstore._backends.sqlite._leases import _CREATE as CREATE
 from crdtstore._backends.sqlite._leases import FORMAT_ROW, TABLE, load_table
@@ -112,7 +112,7 @@ async def run_ops(path: Path, ops: list[tuple[Any, ...]]) -> None:
                     probe.dead.add(o[1])
                 elif kind == "reap":
                     await b.reap()
-            except (LeaseHeld, LeaseLost, LeaseNotFound):
+            except (LeaseHeld, LeaseLost, LeaseNotFound, InvalidResource):  # (refused)
                 pass
             cached = b._cached
             if cached is None:  # no transition yet (a reap of nothing only reads)
