@@ -14,6 +14,25 @@ from ._lib0 import CodecError, Decoder, read_var_uint_at
 __all__ = ["first_clock", "struct_ranges"]
 
 
+def skip_item_header(r: Decoder, info: int) -> None:
+    """Read past an item struct's origins and, when it names one, its parent and parent
+    sub (the item's content follows)."""
+    if info & 0x80:  # origin
+        r.read_var_uint()
+        r.read_var_uint()
+    if info & 0x40:  # right origin
+        r.read_var_uint()
+        r.read_var_uint()
+    if not info & 0xC0:  # the parent is written
+        if r.read_var_uint() == 1:
+            r.skip_var_string()
+        else:
+            r.read_var_uint()
+            r.read_var_uint()
+        if info & 0x20:
+            r.skip_var_string()
+
+
 def first_clock(update: bytes) -> tuple[int, int] | None:
     """``(client, clock)`` of an update holding the structs of exactly one client (None for
     none or several, or bytes too short to say). Reads four var-uints, inline (the write
@@ -65,20 +84,7 @@ def _ranges(data: bytes) -> list[tuple[int, int, int]]:
                     start = clock + n
                 clock += n
                 continue
-            if info & 0x80:  # origin
-                r.read_var_uint()
-                r.read_var_uint()
-            if info & 0x40:  # right origin
-                r.read_var_uint()
-                r.read_var_uint()
-            if not info & 0xC0:  # the parent is written
-                if r.read_var_uint() == 1:
-                    r.skip_var_string()
-                else:
-                    r.read_var_uint()
-                    r.read_var_uint()
-                if info & 0x20:
-                    r.skip_var_string()
+            skip_item_header(r, info)
             clock += _content_length(r, ref)
         if clock > start:
             out.append((client, start, clock))

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..codec import CodecError, Decoder
+from ..codec._ranges import skip_item_header
 from ..codec._v1 import decode_state_vector, encode_state_vector
 
 
@@ -234,20 +235,7 @@ def _strings(update: bytes, client: int, hi: int) -> tuple[list[int], list[int]]
             if ref == 0 or ref == 10:  # GC, Skip
                 clock += r.read_var_uint()
                 continue
-            if info & 0x80:  # origin
-                r.read_var_uint()
-                r.read_var_uint()
-            if info & 0x40:  # right origin
-                r.read_var_uint()
-                r.read_var_uint()
-            if not info & 0xC0:  # the parent is written
-                if r.read_var_uint() == 1:
-                    r.skip_var_string()
-                else:
-                    r.read_var_uint()
-                    r.read_var_uint()
-                if info & 0x20:
-                    r.skip_var_string()
+            skip_item_header(r, info)
             if ref == 4:  # ContentString
                 n = _utf16(r.read_var_string())
                 if who == client:
