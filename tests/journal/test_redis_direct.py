@@ -5,8 +5,6 @@ is reconnected and the command sent again, a script the server forgot is loaded 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import anyio
 import pytest
 
@@ -17,15 +15,6 @@ from tests._redis import RedisServer
 from tests._wait import until
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    srv = RedisServer(tmp_path_factory.mktemp("redis")).start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
-
-
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"  # redis-py's client is asyncio only
@@ -34,8 +23,8 @@ def anyio_backend() -> str:
 pytestmark = pytest.mark.anyio
 
 
-async def test_a_cancelled_command_leaves_no_reply_behind(server: RedisServer) -> None:
-    journal = RedisJournal(server.url(prefix="direct-cancel"))
+async def test_a_cancelled_command_leaves_no_reply_behind(redis_server: RedisServer) -> None:
+    journal = RedisJournal(redis_server.url(prefix="direct-cancel"))
     await journal.open()
     try:
         direct = journal.scripts.direct
@@ -52,8 +41,8 @@ async def test_a_cancelled_command_leaves_no_reply_behind(server: RedisServer) -
         await journal.aclose()
 
 
-async def test_killed_connections_are_reconnected(server: RedisServer) -> None:
-    url = server.url(prefix="direct-kill")
+async def test_killed_connections_are_reconnected(redis_server: RedisServer) -> None:
+    url = redis_server.url(prefix="direct-kill")
     async with (
         crdtstore.open_store(url) as a,
         crdtstore.open_store(url) as b,
@@ -69,7 +58,7 @@ async def test_killed_connections_are_reconnected(server: RedisServer) -> None:
         )
         await lease.release(a.tenant, st.lease_id, "o", st.token)
         # the server drops every client connection of both stores (not this one's)
-        server.client().execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+        redis_server.client().execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
         await ra.map("m").set("after", 2)
         await ra.flush()  # (sent once more on a new connection: no error)
         again = await lease.request(
@@ -83,15 +72,15 @@ async def test_killed_connections_are_reconnected(server: RedisServer) -> None:
         assert [r.effect[0][3] for r in rows] == ["before", "after"]
 
 
-async def test_a_forgotten_script_is_loaded_again(server: RedisServer) -> None:
-    url = server.url(prefix="direct-flush")
+async def test_a_forgotten_script_is_loaded_again(redis_server: RedisServer) -> None:
+    url = redis_server.url(prefix="direct-flush")
     async with (
         crdtstore.open_store(url) as store,
         store.open_record(run="r", agent="a", source="tool") as rec,
     ):
         await rec.map("m").set("one", 1)
         await rec.flush()
-        server.client().script_flush()
+        redis_server.client().script_flush()
         await rec.map("m").set("two", 2)
         await rec.flush()
         lease = store.leases.backend
@@ -102,3 +91,29 @@ async def test_a_forgotten_script_is_loaded_again(server: RedisServer) -> None:
         assert st.token is not None and st.token >= 1
         rows = await store.backend.read(store.tenant, "r", 0)
         assert [r.seq for r in rows] == [1, 2]
+
+
+async def test_redis_py_commands_survive_a_killed_connection(redis_server: RedisServer) -> None:
+    # the commands left on redis-py (the XREVRANGE of a lease wake-up stream, the lease
+    # table's reads, the run's metadata) are sent again on a new connection, as Direct's are
+    url = redis_server.url(prefix="direct-kill-py")
+
+    def kill() -> None:
+        redis_server.client().execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+
+    async with crdtstore.open_store(url) as store:
+        lease = store.leases.backend
+        st = await lease.request("t1", "o", ("x",), ttl=30.0, key=None, proc=this_proc(), wait=True)
+        await lease.release("t1", st.lease_id, "o", st.token)
+        kill()
+        # a tenant not watched yet: its first request reads its wake-up stream (XREVRANGE)
+        got = await lease.request(
+            "t2", "o", ("x",), ttl=30.0, key=None, proc=this_proc(), wait=True
+        )
+        assert got.state == "granted" and got.token == 1
+        await lease.release("t2", got.lease_id, "o", got.token)
+        kill()
+        status = await lease.status("t1")  # (a MULTI pipeline)
+        assert status.holders == () and status.next_token == 2
+        kill()
+        assert await store.backend.get_run(store.tenant, "nothing") is None

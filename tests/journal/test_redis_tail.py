@@ -5,22 +5,11 @@ one run in one store, each one's entries still reach the other."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 import crdtstore
 from tests._redis import RedisServer
 from tests._wait import until
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    srv = RedisServer(tmp_path_factory.mktemp("redis")).start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture
@@ -31,8 +20,8 @@ def anyio_backend() -> str:
 pytestmark = pytest.mark.anyio
 
 
-async def test_own_entries_wake_nobody_others_do(server: RedisServer) -> None:
-    url = server.url(prefix="tail-own")
+async def test_own_entries_wake_nobody_others_do(redis_server: RedisServer) -> None:
+    url = redis_server.url(prefix="tail-own")
     async with (
         crdtstore.open_store(url) as a,
         crdtstore.open_store(url) as b,
@@ -58,8 +47,10 @@ async def test_own_entries_wake_nobody_others_do(server: RedisServer) -> None:
         assert woken and set(woken) == {(a.tenant, "r")}
 
 
-async def test_two_readers_of_one_run_in_one_store_see_each_other(server: RedisServer) -> None:
-    url = server.url(prefix="tail-two")
+async def test_two_readers_of_one_run_in_one_store_see_each_other(
+    redis_server: RedisServer,
+) -> None:
+    url = redis_server.url(prefix="tail-two")
     async with (
         crdtstore.open_store(url) as store,
         store.open_record(run="r", agent="x", source="tool") as rx,

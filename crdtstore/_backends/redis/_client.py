@@ -16,14 +16,17 @@ from ..._errors import BackendError, CrdtStoreError
 
 aioredis: Any
 pack: Any
+Retry: Any
 try:
     import redis.asyncio as aioredis
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
     from redis.exceptions import ConnectionError as ConnectionLost
     from redis.exceptions import NoScriptError
     from redis.exceptions import RedisError as RedisError
     from redis.exceptions import TimeoutError as ReplyTimeout
 except ImportError:  # pragma: no cover - the extra is not installed
-    aioredis = None
+    aioredis = Retry = None
 
     class RedisError(Exception):  # type: ignore[no-redef]
         """Stands for redis-py's error root when redis-py is missing (never raised)."""
@@ -72,11 +75,18 @@ def require_asyncio() -> None:
 def make_client(redis_url: str, options: dict[str, Any]) -> Any:
     """A redis-py asyncio client for ``redis_url`` (bytes in, bytes out).
 
+    A command whose connection was lost (the server closed it: ``CLIENT KILL``, a timeout of
+    idle clients, a restart) is sent once more on a new connection, as :class:`Direct` does
+    for the hot commands (``from_url`` alone gives redis-py's connections no retry at all);
+    a ``retry`` option replaces this.
+
     Raises:
         BackendError: redis-py is not installed, or it refuses the URL or options.
     """
     if aioredis is None:  # pragma: no cover - the extra is not installed
         raise BackendError("redis", "redis-py is not installed: pip install 'crdtstore[redis]'")
+    if "retry" not in options:
+        options = {**options, "retry": Retry(NoBackoff(), 1, (ConnectionLost,))}
     try:
         return aioredis.Redis.from_url(redis_url, decode_responses=False, **options)
     except (ValueError, TypeError, RedisError) as exc:
