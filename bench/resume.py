@@ -47,6 +47,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import os
 import random
 import sqlite3
 import sys
@@ -439,6 +440,8 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
             path.unlink()
+    load = os.getloadavg()
+    print(f"   load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}", flush=True)
     print()
     table(["entries", "resume from", "crdtstore", "raw sqlite3 + pycrdt", "ratio", "notes"], rows)
     for r in results:
