@@ -50,6 +50,12 @@ def lua_source(name: str) -> str:
     return (_LUA / f"{name}.lua").read_text()
 
 
+def resend_source(name: str) -> str:
+    """The script a resend of ``name`` runs: ``lua/re<name>.lua`` (which answers as the
+    first send did when that one ran) and then ``lua/<name>.lua``."""
+    return lua_source(f"re{name}") + "\n" + lua_source(name)
+
+
 @contextmanager
 def mapped(what: str) -> Iterator[None]:
     """Translate redis-py's errors (and socket errors) raised inside into ``BackendError``."""
@@ -122,7 +128,11 @@ class Direct:
         self._pool = client.connection_pool
         self._free: list[Any] = []
 
-    async def __call__(self, *args: Any, retry: bool = True) -> Any:
+    async def __call__(
+        self, *args: Any, retry: bool = True, again: tuple[Any, ...] | None = None
+    ) -> Any:
+        """Send ``args``; ``again``: the command to send instead when the connection was lost
+        (the first may have run and only its reply been lost: ``again`` recognises that)."""
         if pack is None:  # pragma: no cover - without hiredis
             return await self._client.execute_command(*args)
         free = self._free
@@ -134,18 +144,49 @@ class Direct:
                 if not retry:
                     raise
             # the connection failed (and is disconnected): once more on it, connected anew
-            return await send(conn, args)
+            try:
+                return await send(conn, args if again is None else again)
+            except NoScriptError as exc:
+                exc.resent = True  # type: ignore[attr-defined]  # (the first send may have run)
+                raise
         finally:
             free.append(conn)  # (disconnected when it failed: it reconnects when used)
 
-    async def evalsha(self, script: Any, keys: list[Any], args: list[Any]) -> Any:
+    async def evalsha(
+        self,
+        script: Any,
+        keys: list[Any],
+        args: list[Any],
+        *,
+        resend: Any = None,
+        resend_args: list[Any] | None = None,
+    ) -> Any:
         """Run a registered script (``client.register_script``) by its SHA, loading it
-        first when the server does not know it (a restart emptied its script cache)."""
+        first when the server does not know it (a restart emptied its script cache).
+
+        A send whose reply was lost with its connection may have run: the resend is
+        ``resend`` (a script) with ``resend_args`` where given, which recognise an earlier
+        run and answer as it did, also when the resend finds the script cache lost (the
+        server restarted, maybe after running the first send).
+        """
+        n = len(keys)
+        cmd = (b"EVALSHA", script.sha, n, *keys, *args)
+        alt_script = script if resend is None else resend
+        alt = (
+            b"EVALSHA",
+            alt_script.sha,
+            n,
+            *keys,
+            *(args if resend_args is None else resend_args),
+        )
         try:
-            return await self(b"EVALSHA", script.sha, len(keys), *keys, *args)
-        except NoScriptError:
-            await self._client.script_load(script.script)
-            return await self(b"EVALSHA", script.sha, len(keys), *keys, *args)
+            return await self(*cmd, again=alt)
+        except NoScriptError as exc:
+            resent = getattr(exc, "resent", False)
+        await self._client.script_load(script.script)
+        if alt_script is not script:
+            await self._client.script_load(alt_script.script)
+        return await self(*(alt if resent else cmd), again=alt)
 
 
 class Scripts:
@@ -155,10 +196,18 @@ class Scripts:
 
     def __init__(self, client: Any) -> None:
         self._scripts = {name: client.register_script(lua_source(name)) for name in SCRIPTS}
+        # the resend of an append: the same script behind a prelude that finds its entries
+        self._resend = {"append": client.register_script(resend_source("append"))}
         self.direct = Direct(client)
 
-    async def call(self, name: str, keys: list[Any], args: list[Any]) -> Any:
-        return await self.direct.evalsha(self._scripts[name], keys, args)
+    async def call(
+        self, name: str, keys: list[Any], args: list[Any], *, resend_args: list[Any] | None = None
+    ) -> Any:
+        """Send script ``name`` through :class:`Direct` (``resend_args``: the arguments of a
+        resend after a lost connection, where they differ)."""
+        return await self.direct.evalsha(
+            self._scripts[name], keys, args, resend=self._resend.get(name), resend_args=resend_args
+        )
 
     def __getattr__(self, name: str) -> Any:
         try:

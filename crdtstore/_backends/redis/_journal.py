@@ -321,8 +321,9 @@ class RedisJournal(JournalBackend):
         backoff = Backoff("delete_run")
         while True:
             with mapped("delete_run"):
-                got = await self.scripts.delete_run(
-                    keys=[self.keys.runs(tenant)], args=[self.keys.tenant(tenant), run, *due]
+                args = [self.keys.tenant(tenant), run, *(due or [""])]
+                got = await self.scripts.call(
+                    "delete_run", [self.keys.runs(tenant)], args, resend_args=[*args, "1"]
                 )
             if got[0] != b"locked":
                 break

@@ -164,12 +164,14 @@ class RedisLeases(LeaseBackend):
             args = [op, b"", b"", *args]
         else:
             args = [op, repr(float(clock.now())), clock.boot_id(), *args]
+        # a resent release (its reply lost with its connection) may find its request gone
+        again = [*args, b"1"] if op == b"release" else None
         try:
             if shield:
                 with anyio.CancelScope(shield=True):
-                    got = await scripts.call("lease", keys, args)
+                    got = await scripts.call("lease", keys, args, resend_args=again)
             else:
-                got = await scripts.call("lease", keys, args)
+                got = await scripts.call("lease", keys, args, resend_args=again)
         except (TimeoutError, RedisError, OSError) as exc:
             raise BackendError(
                 "redis", f"lease {op.decode()}: {type(exc).__name__}: {exc}"

@@ -6,8 +6,12 @@
 local runs, base = KEYS[1], ARGV[1]
 local escapes = {['%'] = '%25', [':'] = '%3A', ['{'] = '%7B', ['}'] = '%7D'}
 local function key(run) return base .. ':r:' .. string.gsub(run, '[%%:{}]', escapes) end
-if redis.call('EXISTS', key(ARGV[2])) == 0 then return {'missing'} end
-if ARGV[3] then
+if redis.call('EXISTS', key(ARGV[2])) == 0 then
+  -- (a resend after a lost reply: the first send may have deleted it)
+  if ARGV[4] == '1' then return {'ok'} end
+  return {'missing'}
+end
+if ARGV[3] ~= '' then
   local due = redis.call('HGET', key(ARGV[2]), 'delete_after')
   if not due or tonumber(due) > tonumber(ARGV[3]) then return {'live'} end
 end

@@ -251,6 +251,11 @@ if op == 'request' then
     local id = redis.call('HGET', K, key_field(owner, step, attempt))
     if id then r = get(id) end
   end
+  -- (the new id already there: a resend of this request after its reply was lost)
+  if not r then
+    r = get(ARGV[13])
+    if r and r.owner ~= owner then r = nil end
+  end
   if r then
     local same = #r.resources == #resources
     for i, x in ipairs(resources) do
@@ -321,9 +326,12 @@ elseif op == 'heartbeat' then
     result = int(r.rank)
   end
 elseif op == 'release' then
+  -- ARGV[4] id, [5] owner, [6] token ('' any), [7] '1' on a resend after a lost reply (the
+  -- first send may have removed the request: not finding it then is the release done)
   reap({})
   local r
   r, err = mine(ARGV[4], ARGV[5])
+  if err and err[1] == 'not_found' and ARGV[7] == '1' then err = nil end
   if r then
     local token = ARGV[6]
     if r.state ~= 'granted' then

@@ -4,7 +4,8 @@
 local lock, op, token = KEYS[1], ARGV[1], ARGV[2]
 if op == 'acquire' then
   if redis.call('EXISTS', KEYS[2]) == 0 then return {'unknown'} end
-  if not redis.call('SET', lock, token, 'NX', 'PX', ARGV[3]) then
+  -- (held with this token: a resend of this acquire after its reply was lost)
+  if redis.call('GET', lock) ~= token and not redis.call('SET', lock, token, 'NX', 'PX', ARGV[3]) then
     return {'busy', tostring(redis.call('PTTL', lock))}
   end
   local v = redis.call('HMGET', KEYS[2], 'head', 'state')
