@@ -32,6 +32,9 @@ if TYPE_CHECKING:
     from .record._record import Record
 
 MARKER = "$redacted"
+REDACTION_ITEMS = "__crdtstore_redaction"
+"""The collection of the work items whose leases are runs' redaction leases: one
+redaction of a run at a time (see ``Store.redact``)."""
 FIELD_SEP = "\x1e"  # a map field's physical key: entry + FIELD_SEP + field
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from ._errors import CrdtStoreError, InvalidValue
@@ -21,6 +21,7 @@ from ._semantics import CollectionSpec
 from .record._record import Record
 
 if TYPE_CHECKING:
+    from ._leases import Lease
     from ._store_compaction import CompactionResult
 
 log = logging.getLogger("crdtstore.retention")
@@ -42,6 +43,10 @@ class _RunLifecycle:
     if TYPE_CHECKING:  # of Store
 
         def _check_open(self) -> None: ...
+
+        def lease(
+            self, resources: Iterable[str], *, ttl: float = 30.0, owner: str | None = None
+        ) -> Lease: ...
 
         async def run_info(self, run: str) -> RunInfo: ...
 
@@ -170,8 +175,7 @@ class _RunLifecycle:
             UnsupportedOperation: the backend cannot rewrite entries.
             Forbidden: (``ws://``, code ``FORBIDDEN``) the token lacks the ``redact`` right.
         """
-        from ._store_redact import check_target, delete_live, marker, rewrite_rows
-        from .codec import KeyIndex, decode_update
+        from ._store_redact import check_target
 
         kind, physical = check_target(key, field, index, span)
         info = await self.run_info(run)
@@ -202,6 +206,34 @@ class _RunLifecycle:
             from ._errors import UnsupportedOperation
 
             raise UnsupportedOperation(backend.name, "redact")
+        from ._leases import item_resource
+        from ._store_redact import REDACTION_ITEMS
+
+        # one redaction of a run at a time, across processes and hubs: two rewriting the
+        # same entries from the same bytes would each put back what the other blanked
+        resource = item_resource(REDACTION_ITEMS, root)
+        async with self.lease([resource], ttl=30.0, owner="redactor"):
+            return await self._redact_held(
+                run, root, kind, collection, physical, index, span, agent, reason
+            )
+
+    async def _redact_held(
+        self,
+        run: str,
+        root: str,
+        kind: str,
+        collection: str,
+        physical: str | None,
+        index: int | None,
+        span: tuple[int, int] | None,
+        agent: str,
+        reason: str,
+    ) -> CompactionResult:
+        """:meth:`redact` of a local backend, holding the run's redaction lease."""
+        from ._store_redact import delete_live, marker, rewrite_rows
+        from .codec import KeyIndex, decode_update
+
+        backend = self._backend
         async with self.open_record(
             root, agent, "system", durability="durable", create=False
         ) as rec:
