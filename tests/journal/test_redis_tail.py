@@ -8,6 +8,8 @@ from __future__ import annotations
 import pytest
 
 import crdtstore
+from crdtstore._backends.redis._tail import Tail
+from crdtstore._journal import NewEntry, checksum
 from tests._redis import RedisServer
 from tests._wait import until
 
@@ -17,9 +19,7 @@ def anyio_backend() -> str:
     return "asyncio"  # redis-py's client is asyncio only
 
 
-pytestmark = pytest.mark.anyio
-
-
+@pytest.mark.anyio
 async def test_own_entries_wake_nobody_others_do(redis_server: RedisServer) -> None:
     url = redis_server.url(prefix="tail-own")
     async with (
@@ -47,6 +47,7 @@ async def test_own_entries_wake_nobody_others_do(redis_server: RedisServer) -> N
         assert woken and set(woken) == {(a.tenant, "r")}
 
 
+@pytest.mark.anyio
 async def test_two_readers_of_one_run_in_one_store_see_each_other(
     redis_server: RedisServer,
 ) -> None:
@@ -63,3 +64,46 @@ async def test_two_readers_of_one_run_in_one_store_see_each_other(
         await ry.flush()
         await until(lambda: ry.map("m").get("x9") == 9 and rx.map("m").get("y9") == 9)
         assert len(rx.map("m")) == len(ry.map("m")) == 20
+
+
+def _entries(first: int, n: int, client: int) -> list[NewEntry]:
+    return [
+        NewEntry("a", "tool", client, 1.0, b"u%d" % i, [], checksum(b"u%d" % i))
+        for i in range(first, first + n)
+    ]
+
+
+def _stream_entries(first: int, entries: list[NewEntry]) -> list[list[object]]:
+    """``XREAD`` entries of ``entries`` at positions from ``first`` (as the append writes)."""
+    out: list[list[object]] = []
+    for i, e in enumerate(entries):
+        c, k = str(e.client_id).encode(), str(e.checksum).encode()
+        f = [b"a", b"a", b"s", b"tool", b"c", c, b"w", b"1.0", b"u", e.update, b"e", b"[]",
+             b"k", k, b"o", b"", b"l", b""]  # fmt: skip
+        out.append([f"{first + i}-0".encode(), f])
+    return out
+
+
+@pytest.mark.parametrize("gap", [True, False])
+def test_own_entries_past_a_gap_wake_the_reader(gap: bool) -> None:
+    """A record that commits while entries of others before its own are unread cannot take
+    its position past its own entries: the stream read that brings them wakes it, even
+    though they are its own (else it stayed behind its own head until the next write of
+    someone else). Negative control: own entries right after what it had wake nobody."""
+    woken: list[str] = []
+    tail = Tail(lambda: None, None, lambda tenant, run: woken.append(run))
+    tail.healthy = True
+    stream, own, other = "s", 7, 8
+    tail.watch_run(stream, "meta", "t", "r", 0, own)
+    if gap:  # 1-2 written by another process, unread; 3-4 this store's, answered first
+        tail.wrote(stream, 3, _entries(3, 2, own))
+        tail._handle({b"s": _stream_entries(1, _entries(1, 2, other))})
+        assert woken == ["r"]
+        assert [r.seq for r in tail.cached(stream, 0, 10) or []] == [1, 2]
+    else:  # 1-2 this store's, answered before the stream read brought them
+        tail.wrote(stream, 1, _entries(1, 2, own))
+        assert tail.cached(stream, 0, 10) is not None
+    woken.clear()
+    first = 3 if gap else 1
+    tail._handle({b"s": _stream_entries(first, _entries(first, 2, own))})
+    assert woken == (["r"] if gap else [])

@@ -45,6 +45,10 @@ class _Run:
     seen: int  # every position up to here was woken for, or written by this store
     rows: dict[int, Row] = field(default_factory=dict)  # the newest entries, for readers
     client: int | None = None  # the client id of its one reader here (None: several, unknown)
+    # the last position this store wrote past a gap in `seen`: its reader's commit could not
+    # take its position past them (entries of others before them unread), so the stream
+    # read wakes it when it brings them, even though they are its own
+    gap: int = 0
 
     def keep(self, rows: list[Row]) -> None:
         for row in rows:
@@ -170,6 +174,8 @@ class Tail:
         got.keep([Row(first + i, *e) for i, e in enumerate(entries)])
         if first <= got.seen + 1 <= last + 1:
             got.seen = max(got.seen, last)
+        elif first > got.seen + 1:
+            got.gap = max(got.gap, last)
 
     def cached(self, stream: str, after: int, limit: int) -> list[Row] | None:
         """The entries after ``after`` up to the newest position this store knows of the
@@ -323,7 +329,11 @@ class Tail:
                 # the next read continues after these; the readers take them from `rows`
                 seen, r.seen = r.seen, last
                 own = r.client
-                if own is None or any(x.client_id != own for x in rows if x.seq > seen):
+                if (
+                    own is None
+                    or r.gap > seen
+                    or any(x.client_id != own for x in rows if x.seq > seen)
+                ):
                     self._wake(r.tenant, r.run)
-                # (else only the one reader's own appends, often read before their answer
-                # came: it has them, its commit takes its position past them)
+                # (else only the one reader's own appends, read before their answer came:
+                # it has them, its commit takes its position past them)
