@@ -143,3 +143,51 @@ async def test_a_run_deletion_whose_reply_is_lost_reports_the_run_deleted(
     assert proxy.lost == 1
     assert await journal.get_run("t", "lossy-run") is None
     assert await journal.delete_run("t", "lossy-run") is False  # a first send: it is gone
+
+
+async def test_an_append_that_may_have_run_appends_only_what_did_not(
+    lossy: tuple[LossyProxy, RedisJournal],
+) -> None:
+    # the committer retries a failed append with what is pending by then: the entries of
+    # the failed one (which may have run) and newer ones
+    _, journal = lossy
+    e1, e2, e3 = _entry("e1"), _entry("e2"), _entry("e3")
+    assert await journal.append("t", "r", [e1], durable=False) == [1]
+    assert await journal.append("t", "r", [_entry("other writer")], durable=False) == [2]
+    journal.uncertain(e1)
+    assert await journal.append("t", "r", [e1, e2, e3], durable=False) == [1, 3, 4]
+    rows = await journal.read("t", "r", 0)
+    assert [r.update for r in rows] == [b"e1", b"other writer", b"e2", b"e3"]
+    journal.uncertain(e2)  # it did run: nothing is appended
+    assert await journal.append("t", "r", [e2, e3], durable=False) == [3, 4]
+    e4 = _entry("e4")
+    journal.uncertain(e4)  # it did not run: appended once
+    assert await journal.append("t", "r", [e4], durable=False) == [5]
+    assert await journal.head("t", "r") == 5
+
+
+async def test_pipelined_appends_whose_replies_are_lost_are_journaled_once(
+    redis_server: RedisServer,
+) -> None:
+    import crdtstore
+
+    async with anyio.create_task_group() as tg:
+        proxy = await LossyProxy.start(tg, "127.0.0.1", redis_server.port)
+        url = redis_server.url().replace(f":{redis_server.port}/", f":{proxy.listen_port}/")
+        async with crdtstore.open_store(url) as store:
+            async with store.open_record(run="p", agent="w", source="tool") as rec:
+                m = rec.map("m")
+                for i in range(50):
+                    await m.set(f"k{i}", i)
+                await rec.flush()
+                for round_ in range(3):
+                    proxy.lose_reply_to(f"lossy-{round_}".encode())
+                    for i in range(200):
+                        await m.set(f"r{round_}-{i}", f"lossy-{round_}" if i == 0 else i)
+                    await rec.flush()
+            assert proxy.lost == 3
+            rows = await store.backend.read(store.tenant, "p", 0)
+            updates = [r.update for r in rows]
+            assert len(updates) == len(set(updates)) == 50 + 3 * 200  # each entry once
+            assert [r.seq for r in rows] == list(range(1, len(rows) + 1))
+        tg.cancel_scope.cancel()

@@ -201,13 +201,20 @@ class Scripts:
         self.direct = Direct(client)
 
     async def call(
-        self, name: str, keys: list[Any], args: list[Any], *, resend_args: list[Any] | None = None
+        self,
+        name: str,
+        keys: list[Any],
+        args: list[Any],
+        *,
+        resend_args: list[Any] | None = None,
+        may_have_run: bool = False,
     ) -> Any:
         """Send script ``name`` through :class:`Direct` (``resend_args``: the arguments of a
-        resend after a lost connection, where they differ)."""
-        return await self.direct.evalsha(
-            self._scripts[name], keys, args, resend=self._resend.get(name), resend_args=resend_args
-        )
+        resend after a lost connection, where they differ; ``may_have_run``: send the resend
+        form at once, as for an append of entries an earlier send may have appended)."""
+        resend = self._resend.get(name)
+        first = resend if may_have_run and resend is not None else self._scripts[name]
+        return await self.direct.evalsha(first, keys, args, resend=resend, resend_args=resend_args)
 
     def __getattr__(self, name: str) -> Any:
         try:

@@ -36,6 +36,11 @@ _HOST = socket.gethostname()
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
+def _mark(entry: NewEntry) -> tuple[int, float, int]:
+    """What names an entry to ``lua/reappend.lua`` (with its update bytes)."""
+    return (entry.client_id, float(entry.wall_time), entry.checksum)
+
+
 class RedisJournal(JournalBackend):
     """A journal on a Redis server, shared by every process (on any machine) that opens it.
 
@@ -78,6 +83,7 @@ class RedisJournal(JournalBackend):
         self._scripts: Any = None
         self._tail: Tail | None = None
         self._pipe: OrderedPipe | None = None
+        self._uncertain: dict[tuple[int, float, int], None] = {}  # see uncertain()
         self._wake: Callable[[str, str], None] = lambda tenant, run: None
         self._locks: dict[tuple[str, str], anyio.Lock] = {}  # this store's open authorities
         self._attached: dict[int, str] = {}  # id(record) -> the stream it is watched on
@@ -378,18 +384,43 @@ class RedisJournal(JournalBackend):
                 pass
         args = ["", "", len(entries), "", *entry_args(entries)]
         backoff = Backoff("append")
+        head = _mark(entries[0])
+        may_have_run = head in self._uncertain
         while True:
-            with mapped("append"):
-                got = await self.scripts.call("append", self._append_keys(keys), args)
+            try:
+                with mapped("append"):
+                    got = await self.scripts.call(
+                        "append", self._append_keys(keys), args, may_have_run=may_have_run
+                    )
+            except BackendError:
+                self.uncertain(entries[0])  # (it may have run: the next try looks first)
+                raise
             if got[0] != b"locked":
                 break
             await backoff.wait()
+        self._uncertain.pop(head, None)
+        if got[0] == b"part":  # the first entries were appended by an earlier send
+            first, done = int(got[1]), int(got[2])
+            if self._tail is not None:
+                self._tail.wrote(keys.stream, first, entries[:done])
+            self.uncertain(entries[done])
+            rest = await self.append(tenant, run, entries[done:], durable=durable)
+            return [*range(first, first + done), *rest]
         first = self._appended(tenant, run, keys, got)
         if self._tail is not None:
             self._tail.wrote(keys.stream, first, entries)
         if durable:
             await self._durable()
         return list(range(first, first + len(entries)))
+
+    def uncertain(self, entry: NewEntry) -> None:
+        """Note that an append starting with ``entry`` may have run without this store
+        learning it (its connection was lost, it timed out): the next append starting with
+        it looks for it in the journal first (``lua/reappend.lua``) and appends nothing
+        twice."""
+        self._uncertain[_mark(entry)] = None
+        while len(self._uncertain) > 1024:  # (an old one was appended again or given up)
+            del self._uncertain[next(iter(self._uncertain))]
 
     def append_pipelined(
         self, tenant: str, run: str, entries: Sequence[NewEntry], after: SentAppend | None

@@ -146,13 +146,18 @@ class OrderedPipe:
 class SentAppend:
     """A pipelined append in flight (see :meth:`RedisJournal.append_pipelined`)."""
 
-    __slots__ = ("_done", "_future", "mark")
+    __slots__ = ("_done", "_future", "_lost", "mark")
 
     def __init__(
-        self, future: asyncio.Future[Any], mark: str, done: Callable[[Any], list[int] | None]
+        self,
+        future: asyncio.Future[Any],
+        mark: str,
+        done: Callable[[Any], list[int] | None],
+        lost: Callable[[], None],
     ) -> None:
         self._future = future
         self._done = done
+        self._lost = lost  # called when the append may have run unanswered
         self.mark = mark
 
     def done(self) -> bool:
@@ -177,6 +182,8 @@ class SentAppend:
         fut = self._future
         exc = fut.exception()
         if exc is not None:
+            if not isinstance(exc, NoScriptError):  # (it may have run: looked for first)
+                self._lost()
             if isinstance(exc, (NoScriptError, ConnectionLost)):
                 return None
             if isinstance(exc, BackendError):
@@ -212,4 +219,4 @@ def send_append(
             tail.wrote(keys.stream, first, entries)
         return list(range(first, first + len(entries)))
 
-    return SentAppend(fut, mark(entries[-1]), done)
+    return SentAppend(fut, mark(entries[-1]), done, lambda: journal.uncertain(entries[0]))
