@@ -177,6 +177,14 @@ def _unpack(typecode: str, data: str | list[Any]) -> array[Any]:
     return out
 
 
+def _compact(values: array[int]) -> array[int]:
+    """``values`` as 4-byte unsigned items when they all fit (journal positions and offsets
+    into a run's keys nearly always do), else as they are."""
+    if not values or (min(values) >= 0 and max(values) < 1 << 32):
+        return array("I", values)
+    return values
+
+
 def _increasing(items: Sequence[Any]) -> bool:
     """Whether ``items`` is strictly increasing (compared at C speed)."""
     return all(map(lt, items, islice(items, 1, None)))
@@ -185,9 +193,9 @@ def _increasing(items: Sequence[Any]) -> bool:
 class _Settled:
     """The journaled part of one collection's provenance index, packed: its keys sorted, as
     one UTF-8 byte string with an array of offsets, and their journal positions in an array
-    (24 bytes a key besides the key's UTF-8 bytes, where a ``str`` object alone takes 50-60
-    and a dict entry with an int about 70 more: a 100k-key collection holds 2.2 MiB instead of
-    8). Looked up by bisection; newer positions live in the collection's dict, which takes
+    (4-byte items while they fit: 8 bytes a key besides its UTF-8 bytes, where a ``str``
+    object alone takes 50-60 and a dict entry with an int about 70 more). Looked up by
+    bisection; newer positions live in the collection's dict, which takes
     precedence, until the next :meth:`merge`. (UTF-8 byte order is code point order, so the
     order is that of the keys as ``str``.)"""
 
@@ -228,8 +236,8 @@ class _Settled:
         self._blob = b"".join(keys)
         offs = array("q", [0])
         offs.extend(accumulate(map(len, keys)))
-        self._offs = offs
-        self.seqs = seqs
+        self._offs = _compact(offs)
+        self.seqs = _compact(seqs)
 
     @classmethod
     def of_sorted(cls, keys: Sequence[str], seqs: array[int]) -> _Settled:
@@ -283,10 +291,10 @@ class _Settled:
                 chunk_seqs = array("q", map(combined.__getitem__, keys))
             pieces.append(b"".join(keys))
             out_offs.extend(islice(accumulate(map(len, keys), initial=out_offs[-1]), 1, None))
-            out_seqs.extend(chunk_seqs)
+            out_seqs.extend(iter(chunk_seqs))  # (iter: the run's may be another typecode)
         self._blob = b"".join(pieces)
-        self._offs = out_offs
-        self.seqs = out_seqs
+        self._offs = _compact(out_offs)
+        self.seqs = _compact(out_seqs)
 
 
 _CHUNK = 4096  # old keys of a settled run that its merge holds as objects at a time
@@ -529,7 +537,7 @@ class ProvenanceIndex:
                 if keys
             },
             "settled": {
-                name: {"keys": settled.keys, "seqs": _pack(settled.seqs)}
+                name: {"keys": settled.keys, "seqs": _pack(array("q", settled.seqs))}
                 for name, settled in self._settled.items()
             },
             "table": self.table.export(),
