@@ -14,12 +14,13 @@ import base64
 import sys
 import time
 from array import array
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from itertools import accumulate, islice
 from operator import lt
 from typing import Any, NamedTuple
 
+from .._heap import release_free_memory
 from .._journal import Op
 
 
@@ -176,6 +177,14 @@ def _unpack(typecode: str, data: str | list[Any]) -> array[Any]:
     return out
 
 
+def _compact(values: array[int]) -> array[int]:
+    """``values`` as 4-byte unsigned items when they all fit (journal positions and offsets
+    into a run's keys nearly always do), else as they are."""
+    if not values or (min(values) >= 0 and max(values) < 1 << 32):
+        return array("I", values)
+    return values
+
+
 def _increasing(items: Sequence[Any]) -> bool:
     """Whether ``items`` is strictly increasing (compared at C speed)."""
     return all(map(lt, items, islice(items, 1, None)))
@@ -184,9 +193,9 @@ def _increasing(items: Sequence[Any]) -> bool:
 class _Settled:
     """The journaled part of one collection's provenance index, packed: its keys sorted, as
     one UTF-8 byte string with an array of offsets, and their journal positions in an array
-    (24 bytes a key besides the key's UTF-8 bytes, where a ``str`` object alone takes 50-60
-    and a dict entry with an int about 70 more: a 100k-key collection holds 2.2 MiB instead of
-    8). Looked up by bisection; newer positions live in the collection's dict, which takes
+    (4-byte items while they fit: 8 bytes a key besides its UTF-8 bytes, where a ``str``
+    object alone takes 50-60 and a dict entry with an int about 70 more). Looked up by
+    bisection; newer positions live in the collection's dict, which takes
     precedence, until the next :meth:`merge`. (UTF-8 byte order is code point order, so the
     order is that of the keys as ``str``.)"""
 
@@ -227,8 +236,8 @@ class _Settled:
         self._blob = b"".join(keys)
         offs = array("q", [0])
         offs.extend(accumulate(map(len, keys)))
-        self._offs = offs
-        self.seqs = seqs
+        self._offs = _compact(offs)
+        self.seqs = _compact(seqs)
 
     @classmethod
     def of_sorted(cls, keys: Sequence[str], seqs: array[int]) -> _Settled:
@@ -240,31 +249,63 @@ class _Settled:
     def merge(self, new: dict[str, int]) -> None:
         """Take in ``new`` (key -> position), replacing the positions of keys already here.
 
-        At C speed but for encoding the new keys: the old keys and the new ones go into one
-        dict (a key already here takes its new position in place) and are sorted again,
-        which timsort does as a merge of two sorted runs.
+        At C speed but for a few steps per chunk of old keys: the run is rebuilt chunk by
+        chunk, each chunk's old keys and the new keys that sort among them going into one
+        dict (a key already here takes its new position in place) sorted again. A chunk at a
+        time, so that the old keys are never all Python objects at once: their peak would
+        stay in the process as free pools of the allocator (see ``bench/memory.py``).
         """
-        if not self.seqs:  # (a load's one packing): sorted as str, no pair per key
-            ordered = sorted(new)  # (code point order is the UTF-8 byte order)
+        ordered = sorted(new)  # (code point order is the UTF-8 byte order)
+        if not self.seqs:  # (a load's one packing)
             self._set(
                 [k.encode("utf-8", "surrogatepass") for k in ordered],
                 array("q", map(new.__getitem__, ordered)),
             )
             return
-        encoded = [k.encode("utf-8", "surrogatepass") for k in new]
-        pairs = sorted(zip(encoded, new.values(), strict=True))
-        combined = dict(zip(self._encoded(), self.seqs, strict=True))
-        combined.update(pairs)
-        keys = sorted(combined)
-        self._set(keys, array("q", map(combined.__getitem__, keys)))
+        blob, offs, seqs, n = self._blob, self._offs, self.seqs, len(self.seqs)
+        pieces: list[bytes] = []
+        out_offs, out_seqs = array("q", [0]), array("q")
+        j = 0  # the first new key not taken in yet
+        for start in range(0, n, _CHUNK):
+            stop = min(start + _CHUNK, n)
+            bounds = offs[start : stop + 1]
+            old = [blob[a:b] for a, b in zip(bounds, islice(bounds, 1, None), strict=False)]
+            if stop == n:
+                hi = len(ordered)
+            else:  # the new keys up to this chunk's last (which one of them may replace)
+                hi = bisect_right(ordered, old[-1].decode("utf-8", "surrogatepass"), j)
+            if hi == j:
+                keys, chunk_seqs = old, seqs[start:stop]
+            else:
+                part = ordered[j:hi]
+                j = hi
+                combined = dict(zip(old, seqs[start:stop], strict=True))
+                combined.update(
+                    zip(
+                        [k.encode("utf-8", "surrogatepass") for k in part],
+                        map(new.__getitem__, part),
+                        strict=True,
+                    )
+                )
+                keys = sorted(combined)
+                chunk_seqs = array("q", map(combined.__getitem__, keys))
+            pieces.append(b"".join(keys))
+            out_offs.extend(islice(accumulate(map(len, keys), initial=out_offs[-1]), 1, None))
+            out_seqs.extend(iter(chunk_seqs))  # (iter: the run's may be another typecode)
+        self._blob = b"".join(pieces)
+        self._offs = _compact(out_offs)
+        self.seqs = _compact(out_seqs)
 
 
+_CHUNK = 4096  # old keys of a settled run that its merge holds as objects at a time
 _SETTLE_MIN = 4096  # index entries of a collection kept as a dict before settling them
 
 
 class ProvenanceIndex:
     """The provenance of a replica's map keys (see the module docstring); a base of
     :class:`~crdtstore.record.Replica`, whose document writes update :attr:`index`."""
+
+    settle_min = _SETTLE_MIN  # (an instance's own, smaller, in tests of settling)
 
     def __init__(self) -> None:
         # collection -> key -> the journal position of the entry that wrote the current value
@@ -273,6 +314,9 @@ class ProvenanceIndex:
         # (Bulk loads move the journaled positions of big collections into self._settled.)
         self.index: dict[str, dict[str, Any]] = {}
         self._settled: dict[str, _Settled] = {}
+        # collection -> the size of its dict at which the write path settles it next (see
+        # _settle_one; a collection not here settles at settle_min)
+        self._settle_at: dict[str, int] = {}
         self.table = _EntryTable()
         self.head = 0  # highest journal position reflected here (applied or own, journaled)
         self.coll_seq: dict[str, int] = {}  # last journal position that touched a collection
@@ -297,6 +341,7 @@ class ProvenanceIndex:
                     held = True
         if held:
             self._remember(seq, meta.agent, meta.source, meta.wall_time, meta.run)
+            self._settle_grown({op[1] for op in ops if op[0] == "map"})
 
     def journaled_many(
         self, batch: Sequence[tuple[bytes, list[Op], Meta]], seqs: Sequence[int]
@@ -310,6 +355,7 @@ class ProvenanceIndex:
         last = tseqs[-1] if tseqs else 0  # the table's last position
         name: Any = None  # the collection of the last map op, and its keys
         keys: dict[str, Any] | None = None
+        grown: set[str] = set()  # the collections whose dict took in a position
         agent_, source_, run_, who_ = "", "", "", ("", "", "")  # the last entry's names
         for (_, ops, meta), seq in zip(batch, seqs, strict=True):
             held = False
@@ -321,7 +367,9 @@ class ProvenanceIndex:
                         keys = index.get(name)
                     if keys is not None and keys.get(op[3]) is meta:
                         keys[op[3]] = seq
-                        held = True
+                        if not held:
+                            held = True
+                            grown.add(name)
             if held:
                 agent, source, wall, _, run, _ = meta
                 if seq <= last:
@@ -336,6 +384,8 @@ class ProvenanceIndex:
                     last = seq
         if seqs:
             self.head = max(self.head, max(seqs))
+        if grown:
+            self._settle_grown(grown)
         if len(tseqs) > table.sweep_at:
             table.keep(self._live_seqs())
 
@@ -373,25 +423,55 @@ class ProvenanceIndex:
         return live
 
     def _settle(self, *, every: bool = False) -> None:
-        """After a bulk load: move the journaled positions of collections with many keys
-        (``every``: of all collections) from their dict into their :class:`_Settled` run
-        (amortised: a collection's dict is settled when it has grown to half the settled
-        run)."""
-        for name, keys in self.index.items():
-            settled = self._settled.get(name)
-            if not every and len(keys) < max(_SETTLE_MIN, len(settled) // 2 if settled else 0):
-                continue
-            if set(map(type, keys.values())) == {int}:  # (every key journaled: a replay's)
-                journaled, rest = keys, {}
-            else:
-                journaled = {k: v for k, v in keys.items() if type(v) is int}
-                rest = {k: v for k, v in keys.items() if type(v) is not int}
-            if not journaled:
-                continue
+        """After a bulk load: :meth:`_settle_one` the collections whose dict has grown enough
+        (see :meth:`_settle_size`; ``every``: all collections)."""
+        for name, keys in list(self.index.items()):
+            if every or len(keys) >= self._settle_size(name):
+                self._settle_one(name, keys)
+
+    def _settle_grown(self, names: set[str]) -> None:
+        """On the write path: :meth:`_settle_one` each collection of ``names`` whose dict has
+        grown enough (see :meth:`_settle_size`), then give the freed memory back to the
+        system (the dicts' tables and the merge's pieces; cheap beside a merge)."""
+        index = self.index
+        settled = False
+        for name in names:
+            keys = index.get(name)
+            if keys is not None and len(keys) >= self._settle_size(name):
+                self._settle_one(name, keys)
+                settled = True
+        if settled:
+            release_free_memory()
+
+    def _settle_size(self, name: str) -> int:
+        """The size of collection ``name``'s dict at which it is settled next: when it has
+        grown by half its settled run (at least :attr:`settle_min`) since it was last settled.
+        Amortised: each settling merges the whole run, which grows by a third each time."""
+        at = self._settle_at.get(name)
+        if at is not None:
+            return at
+        settled = self._settled.get(name)
+        return max(self.settle_min, len(settled) // 2 if settled else 0)
+
+    def _settle_one(self, name: str, keys: dict[str, Any]) -> None:
+        """Move the journaled positions of collection ``name`` from its dict ``keys`` into its
+        :class:`_Settled` run; the dict keeps the rest (entries not journaled yet, an older
+        snapshot's lists) and is replaced by a new one, which frees the keys' ``str``."""
+        if set(map(type, keys.values())) == {int}:  # (every key journaled: a replay's)
+            journaled, rest = keys, {}
+        else:
+            journaled = {k: v for k, v in keys.items() if type(v) is int}
+            rest = {k: v for k, v in keys.items() if type(v) is not int}
+        settled = self._settled.get(name)
+        if journaled:
             if settled is None:
                 settled = self._settled[name] = _Settled()
             settled.merge(journaled)
             self.index[name] = rest
+        # (the rest counts: a dict of entries not journaled yet must not settle on every write)
+        self._settle_at[name] = len(rest) + max(
+            self.settle_min, len(settled) // 2 if settled is not None else 0
+        )
 
     def meta(self, collection: str, key: str) -> Meta | None:
         """The provenance of the current value of ``collection[key]`` (None if unknown)."""
@@ -457,7 +537,7 @@ class ProvenanceIndex:
                 if keys
             },
             "settled": {
-                name: {"keys": settled.keys, "seqs": _pack(settled.seqs)}
+                name: {"keys": settled.keys, "seqs": _pack(array("q", settled.seqs))}
                 for name, settled in self._settled.items()
             },
             "table": self.table.export(),
