@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
+from itertools import repeat
+from operator import itemgetter
 from typing import Any
 
 from pycrdt import merge_updates
@@ -99,6 +101,15 @@ class JournalReplay(ReplicaDocument):
         the entries around it are applied as usual (DESIGN I4: a torn tail is skipped and
         never corrupts earlier entries).
         """
+        # (rows come in journal order: a position the index holds is at most head)
+        if self.index and (own or rows[0][0] <= self.head):
+            self._apply_general(rows, run, settle, late=True)
+        else:
+            self._apply_fresh(rows, run, settle)
+
+    def _apply_general(self, rows: list[Row], run: str, settle: bool, late: bool) -> None:
+        """:meth:`_apply_rows` of any group. ``late``: a key's provenance may name a later
+        entry than a row of the group that writes it (its value before is then read)."""
         # keys whose provenance names a later entry (or one not journaled yet) than a row of
         # this batch that writes them: their value before the batch (see _winners)
         before: dict[tuple[str, str], Any] = {}
@@ -109,8 +120,6 @@ class JournalReplay(ReplicaDocument):
         index = self.index
         coll_seq = self.coll_seq
         head = self.head
-        # (rows come in journal order: a position the index holds is at most head)
-        late = bool(index) and (own or rows[0][0] <= head)
         name: Any = None  # the collection of the last map op, and its touched keys
         keyed: dict[str, _Held] = {}
         with doc.transaction() as txn:
@@ -135,21 +144,7 @@ class JournalReplay(ReplicaDocument):
                                 and op[3] not in touched.get(op[1], _NO_KEYS)
                             ):  # (a Meta: not journaled yet, so later than the row)
                                 before[(op[1], op[3])] = self._map_value(op[1], op[3], rtxn)
-                try:
-                    # journal entries passed their checksum: skip the trial decode that
-                    # untrusted bytes get (pycrdt leaves the doc intact on bytes it rejects);
-                    # the count check of check_update(trial_decode=False, size_limit=False)
-                    if type(update) is not bytes:
-                        raise InvalidUpdate(f"expected bytes, got {type(update).__name__}")
-                    check_update_counts(update)
-                    apply(update)
-                except InvalidUpdate as exc:
-                    self._skip(JournalCorrupt(run, seq, exc.reason))
-                    continue
-                except BaseException as exc:  # pycrdt raises ValueError, RuntimeError or a panic
-                    if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-                        raise
-                    self._skip(JournalCorrupt(run, seq, f"{type(exc).__name__}: {exc}"))
+                if not self._apply_one(apply, update, run, seq):
                     continue
                 if seq > head:
                     head = seq
@@ -182,20 +177,155 @@ class JournalReplay(ReplicaDocument):
             if not touched:
                 return
             winners = self._winners(touched, rtxn, before)
-        self._remember_rows(winners)
+        self._remember_rows([winners[seq] for seq in sorted(winners)])
         # only a collection this batch grew can have reached the size _settle acts on
         if settle and any(len(index.get(name, ())) >= _SETTLE_MIN for name in touched):
             self._settle()
 
-    def _remember_rows(self, winners: dict[int, Row]) -> None:
-        """Put the entries of ``winners`` (by position) in the entry table, in journal order
-        (appended in the usual case, as :meth:`ProvenanceIndex.journaled_many` does)."""
+    def _apply_fresh(self, rows: list[Row], run: str, settle: bool) -> None:
+        """:meth:`_apply_rows` of a group that no key's provenance places after (no value
+        before the group to read): every opening, compaction and most tails.
+
+        The map writes are kept in one flat list. When each key is written once in the group
+        (the usual case) each is read once and, if it holds the write's value (or is gone,
+        for a delete), indexed under its entry, as :meth:`_winners` would for one write;
+        with a key written twice, :meth:`_winners` decides from the same writes. Same
+        document and provenance as the general path (tests/record/test_replay_fresh.py).
+        """
+        doc, coll_seq, head = self.doc, self.coll_seq, self.head
+        ops: list[Op] = []  # the group's map writes, in journal order
+        owners: list[Row] = []  # the entry of each write
+        item_rows: list[Row] = []
+        with doc.transaction() as txn:
+            rtxn = raw(txn)
+            apply = update_applier(doc, rtxn)
+            self._kinds.clear()  # (as in _apply_rows)
+            for row in rows:
+                seq = row[0]
+                update = row[5]
+                if checksum(update) != row[7]:
+                    self._skip(JournalCorrupt(run, seq, "checksum mismatch"))
+                    continue
+                if not self._apply_one(apply, update, run, seq):
+                    continue
+                if seq > head:
+                    head = seq
+                items = False
+                for op in row[6]:
+                    coll_seq[op[1]] = seq
+                    if op[0] == "map":
+                        ops.append(op)
+                        owners.append(row)
+                    else:
+                        items = True
+                if items:
+                    item_rows.append(row)
+            self.head = head
+            if item_rows:
+                self.items.applied_rows(item_rows)
+            if not ops:
+                return
+            names = {op[1] for op in ops}
+            if len(names) == 1:
+                once = len({op[3] for op in ops}) == len(ops)
+            else:
+                once = len({(op[1], op[3]) for op in ops}) == len(ops)
+            if once:
+                won = self._written_once(ops, owners, rtxn)
+            else:
+                winners = self._winners(_touched(ops, owners), rtxn, {})
+                won = [winners[seq] for seq in sorted(winners)]
+        self._remember_rows(won)
+        index = self.index
+        if settle and any(len(index.get(name, ())) >= _SETTLE_MIN for name in names):
+            self._settle()
+
+    def _written_once(self, ops: list[Op], owners: list[Row], rtxn: Any) -> list[Row]:
+        """:meth:`_winners` for writes of distinct keys (``owners[i]`` wrote ``ops[i]``, in
+        journal order) and no value before to compare: index each key whose value is its
+        write's; return the entries that won, in journal order, each once."""
+        index = self.index
+        registry = map_reader(self.registry, rtxn)
+        won: list[Row] = []
+        last = None  # the last entry appended to won
+        name: Any = None
+        read: Any = None
+        keys: dict[str, Any] | None = None
+        for op, row in zip(ops, owners, strict=True):
+            coll = op[1]
+            if coll != name:
+                name = coll
+                read = self._map_reader(coll, rtxn, registry)
+                keys = index.get(coll)
+            if read is None:
+                continue  # registered as another kind: not a map key (see root())
+            key = op[3]
+            current = read(key)
+            if op[2] != "set" if current is _ABSENT else (op[2] == "set" and op[4] == current):
+                if keys is None:
+                    keys = index[coll] = {}
+                keys[key] = row[0]
+                if row is not last:
+                    won.append(row)
+                    last = row
+        return won
+
+    def _map_reader(self, coll: str, rtxn: Any, registry: Any) -> Any:
+        """:func:`._pycrdt.map_reader` of collection ``coll`` in the open transaction, or
+        None when the registry (``registry``: a reader of it) has it as another kind."""
+        kinds = self._kinds
+        kind = kinds.get(coll)
+        if kind is None:
+            kind = registry(coll)
+            if kind in KINDS:
+                kinds[coll] = kind
+        if kind in KINDS and kind != "map":
+            return None
+        root = self._roots.get((coll, "map"))
+        if root is None:
+            root = self.root(coll, "map")
+        return map_reader(root, rtxn)
+
+    def _apply_one(self, apply: Any, update: bytes, run: str, seq: int) -> bool:
+        """Apply one entry's update (its checksum passed) in the open transaction; False,
+        with the entry recorded as skipped, when it is refused."""
+        try:
+            # journal entries passed their checksum: skip the trial decode that untrusted
+            # bytes get (pycrdt leaves the doc intact on bytes it rejects); the count check
+            # of check_update(trial_decode=False, size_limit=False)
+            if type(update) is not bytes:
+                raise InvalidUpdate(f"expected bytes, got {type(update).__name__}")
+            check_update_counts(update)
+            apply(update)
+        except InvalidUpdate as exc:
+            self._skip(JournalCorrupt(run, seq, exc.reason))
+            return False
+        except BaseException as exc:  # pycrdt raises ValueError, RuntimeError or a panic
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            self._skip(JournalCorrupt(run, seq, f"{type(exc).__name__}: {exc}"))
+            return False
+        return True
+
+    def _remember_rows(self, winners: list[Row]) -> None:
+        """Put the entries ``winners`` (in journal order) in the entry table (appended in the
+        usual case, as :meth:`ProvenanceIndex.journaled_many` does)."""
         table = self.table
         tseqs, walls, who, names = table.seqs, table.walls, table.who, table.names
         last = tseqs[-1] if tseqs else 0  # the table's last position
+        if not winners:
+            return
+        if winners[0][0] > last:
+            named = set(map(_WHO, winners))
+            if len(named) == 1:  # the usual case: all appended, under one (agent, source, run)
+                tseqs.extend(map(_SEQ, winners))
+                walls.extend(map(_WALL, winners))
+                who.extend(repeat(names(*named.pop()), len(winners)))
+                if len(tseqs) > table.sweep_at:
+                    table.keep(self._live_seqs())
+                return
         agent_, source_, run_, who_ = "", "", "", ("", "", "")  # the last entry's names
-        for seq in sorted(winners):  # in journal order: the table appends
-            _, agent, source, _, wall, _, _, _, run, _ = winners[seq]
+        for seq, agent, source, _, wall, _, _, _, run, _ in winners:
             if seq <= last:
                 table.add(seq, agent, source, wall, run)
             else:  # the usual case: append, the (agent, source, run) shared
@@ -242,21 +372,12 @@ class JournalReplay(ReplicaDocument):
         makes them).
         """
         winners: dict[int, Row] = {}
-        kinds = self._kinds
         registry = map_reader(self.registry, rtxn)
         index = self.index
         for coll, keyed in touched.items():
-            kind = kinds.get(coll)
-            if kind is None:
-                kind = registry(coll)
-                if kind in KINDS:
-                    kinds[coll] = kind
-            if kind in KINDS and kind != "map":
+            read = self._map_reader(coll, rtxn, registry)
+            if read is None:
                 continue  # registered as another kind: not a map key (see root())
-            root = self._roots.get((coll, "map"))
-            if root is None:
-                root = self.root(coll, "map")
-            read = map_reader(root, rtxn)
             keys = index.get(coll)
             for key, held in keyed.items():
                 current = read(key)
@@ -295,6 +416,27 @@ class JournalReplay(ReplicaDocument):
 
 
 _NO_KEYS: dict[str, Any] = {}
+# a row's position, wall time, and (agent, source, origin): what the entry table keeps of it
+_SEQ, _WALL, _WHO = itemgetter(0), itemgetter(4), itemgetter(1, 2, 8)
+
+
+def _touched(ops: list[Op], owners: list[Row]) -> dict[str, dict[str, _Held]]:
+    """The writes ``ops`` (``owners[i]`` wrote ``ops[i]``, in journal order) by collection and
+    key, as :meth:`JournalReplay._apply_rows` gathers them for :meth:`~JournalReplay._winners`."""
+    touched: dict[str, dict[str, _Held]] = {}
+    for op, row in zip(ops, owners, strict=True):
+        keyed = touched.get(op[1])
+        if keyed is None:
+            keyed = touched[op[1]] = {}
+        held = keyed.get(op[3])
+        if held is None:
+            keyed[op[3]] = (op, row)
+        elif isinstance(held, list):
+            held.append((op, row))
+        else:
+            keyed[op[3]] = [held, (op, row)]
+    return touched
+
 
 # a key's write in a batch, or its writes when several (see JournalReplay._apply_rows)
 _Held = tuple[Op, Row] | list[tuple[Op, Row]]
