@@ -10,7 +10,9 @@ corrupt entry is skipped and recorded, never applied.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from itertools import repeat
+from operator import eq, itemgetter
 from typing import Any
 
 from pycrdt import merge_updates
@@ -99,6 +101,15 @@ class JournalReplay(ReplicaDocument):
         the entries around it are applied as usual (DESIGN I4: a torn tail is skipped and
         never corrupts earlier entries).
         """
+        # (rows come in journal order: a position the index holds is at most head)
+        if self.index and (own or rows[0][0] <= self.head):
+            self._apply_general(rows, run, settle, late=True)
+        else:
+            self._apply_fresh(rows, run, settle)
+
+    def _apply_general(self, rows: list[Row], run: str, settle: bool, late: bool) -> None:
+        """:meth:`_apply_rows` of any group. ``late``: a key's provenance may name a later
+        entry than a row of the group that writes it (its value before is then read)."""
         # keys whose provenance names a later entry (or one not journaled yet) than a row of
         # this batch that writes them: their value before the batch (see _winners)
         before: dict[tuple[str, str], Any] = {}
@@ -109,8 +120,6 @@ class JournalReplay(ReplicaDocument):
         index = self.index
         coll_seq = self.coll_seq
         head = self.head
-        # (rows come in journal order: a position the index holds is at most head)
-        late = bool(index) and (own or rows[0][0] <= head)
         name: Any = None  # the collection of the last map op, and its touched keys
         keyed: dict[str, _Held] = {}
         with doc.transaction() as txn:
@@ -135,21 +144,7 @@ class JournalReplay(ReplicaDocument):
                                 and op[3] not in touched.get(op[1], _NO_KEYS)
                             ):  # (a Meta: not journaled yet, so later than the row)
                                 before[(op[1], op[3])] = self._map_value(op[1], op[3], rtxn)
-                try:
-                    # journal entries passed their checksum: skip the trial decode that
-                    # untrusted bytes get (pycrdt leaves the doc intact on bytes it rejects);
-                    # the count check of check_update(trial_decode=False, size_limit=False)
-                    if type(update) is not bytes:
-                        raise InvalidUpdate(f"expected bytes, got {type(update).__name__}")
-                    check_update_counts(update)
-                    apply(update)
-                except InvalidUpdate as exc:
-                    self._skip(JournalCorrupt(run, seq, exc.reason))
-                    continue
-                except BaseException as exc:  # pycrdt raises ValueError, RuntimeError or a panic
-                    if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-                        raise
-                    self._skip(JournalCorrupt(run, seq, f"{type(exc).__name__}: {exc}"))
+                if not self._apply_all(apply, [row], [update], run):
                     continue
                 if seq > head:
                     head = seq
@@ -182,20 +177,158 @@ class JournalReplay(ReplicaDocument):
             if not touched:
                 return
             winners = self._winners(touched, rtxn, before)
-        self._remember_rows(winners)
+        self._remember_rows([winners[seq] for seq in sorted(winners)])
         # only a collection this batch grew can have reached the size _settle acts on
         if settle and any(len(index.get(name, ())) >= _SETTLE_MIN for name in touched):
             self._settle()
 
-    def _remember_rows(self, winners: dict[int, Row]) -> None:
-        """Put the entries of ``winners`` (by position) in the entry table, in journal order
-        (appended in the usual case, as :meth:`ProvenanceIndex.journaled_many` does)."""
+    def _apply_fresh(self, rows: list[Row], run: str, settle: bool) -> None:
+        """:meth:`_apply_rows` of a group that no key's provenance places after (no value
+        before the group to read): every opening, compaction and most tails.
+
+        Done column by column (``map`` and ``set`` at C speed, not a Python loop per entry:
+        a resume applies a group per 32 entries). A group with a damaged entry goes through
+        :meth:`_apply_general`, which skips it. When the group sets distinct keys of one map
+        and the document kept every one (the usual case of a load), they are indexed at once
+        (:meth:`_all_won`); otherwise :meth:`_winners` decides from the same writes. Same
+        document and provenance as the general path (tests/record/test_replay_fresh.py).
+        """
+        updates = list(map(_UPDATE, rows))
+        if set(map(type, updates)) != {bytes} or list(map(checksum, updates)) != list(
+            map(_CRC, rows)
+        ):
+            self._apply_general(rows, run, settle, late=False)  # (skips it, entry by entry)
+            return
+        doc = self.doc
+        with doc.transaction() as txn:
+            rtxn = raw(txn)
+            self._kinds.clear()  # (as in _apply_general)
+            applied = self._apply_all(update_applier(doc, rtxn), rows, updates, run)
+            if not applied:
+                return
+            self.head = max(self.head, max(map(_SEQ, applied)))
+            effects = list(map(_EFFECT, applied))
+            if set(map(len, effects)) == {1}:  # one op an entry (the usual case)
+                ops: list[Op] = list(map(_FIRST, effects))
+                owners = applied  # (the entry of each op)
+            else:
+                ops, owners = [], []
+                for row, effect in zip(applied, effects, strict=True):
+                    ops.extend(effect)
+                    owners.extend([row] * len(effect))
+            self.coll_seq.update(zip(map(_COLL, ops), map(_SEQ, owners), strict=True))
+            if set(map(_KIND, ops)) != {"map"}:
+                item_rows: list[Row] = []
+                for row, effect in zip(applied, effects, strict=True):
+                    if any(op[0] != "map" for op in effect):
+                        item_rows.append(row)
+                if item_rows:
+                    self.items.applied_rows(item_rows)
+                maps = [(op, row) for op, row in zip(ops, owners, strict=True) if op[0] == "map"]
+                if not maps:
+                    return
+                ops, owners = [op for op, _ in maps], [row for _, row in maps]
+            names = set(map(_COLL, ops))
+            won = None
+            if owners is applied and len(names) == 1:  # (one op an entry, one collection)
+                won = self._all_won(ops, owners, rtxn)
+            if won is None:
+                winners = self._winners(_touched(ops, owners), rtxn, {})
+                won = [winners[seq] for seq in sorted(winners)]
+        self._remember_rows(won)
+        index = self.index
+        if settle and any(len(index.get(name, ())) >= _SETTLE_MIN for name in names):
+            self._settle()
+
+    def _apply_all(
+        self, apply: Callable[[bytes], None], rows: list[Row], updates: list[bytes], run: str
+    ) -> list[Row]:
+        """Apply ``updates`` (of ``rows``, their checksums passed) in the open transaction;
+        return the rows applied (``rows`` itself when none was refused)."""
+        refused: set[int] = set()
+        start, n = 0, len(updates)
+        while start < n:
+            at = start
+            try:
+                # journal entries passed their checksum: skip the trial decode that untrusted
+                # bytes get (pycrdt leaves the doc intact on bytes it rejects); the count
+                # check of check_update(trial_decode=False, size_limit=False)
+                for at in range(start, n):
+                    update = updates[at]
+                    check_update_counts(update)
+                    apply(update)
+                break
+            except BaseException as exc:
+                self._refused(exc, run, rows[at][0])
+                refused.add(at)
+                start = at + 1
+        if not refused:
+            return rows
+        return [row for i, row in enumerate(rows) if i not in refused]
+
+    def _all_won(self, ops: list[Op], owners: list[Row], rtxn: Any) -> list[Row] | None:
+        """:meth:`_winners` when ``owners[i]`` wrote ``ops[i]`` (in journal order, one op
+        each) in one collection and there is no value before to compare, if every write is
+        a set of a distinct key that the document kept (the usual case of a load): index
+        them all at once and return ``owners``; else None, with nothing indexed."""
+        name = ops[0][1]
+        keys = list(map(_KEY, ops))
+        if len(set(keys)) != len(keys) or set(map(_ACTION, ops)) != {"set"}:
+            return None
+        read = self._map_reader(name, rtxn, map_reader(self.registry, rtxn))
+        if read is None or not all(map(eq, map(_VALUE, ops), map(read, keys))):
+            return None
+        got = self.index.get(name)
+        if got is None:
+            got = self.index[name] = {}
+        got.update(zip(keys, map(_SEQ, owners), strict=True))
+        return owners
+
+    def _map_reader(self, coll: str, rtxn: Any, registry: Any) -> Any:
+        """:func:`._pycrdt.map_reader` of collection ``coll`` in the open transaction, or
+        None when the registry (``registry``: a reader of it) has it as another kind."""
+        kinds = self._kinds
+        kind = kinds.get(coll)
+        if kind is None:
+            kind = registry(coll)
+            if kind in KINDS:
+                kinds[coll] = kind
+        if kind in KINDS and kind != "map":
+            return None
+        root = self._roots.get((coll, "map"))
+        if root is None:
+            root = self.root(coll, "map")
+        return map_reader(root, rtxn)
+
+    def _refused(self, exc: BaseException, run: str, seq: int) -> None:
+        """Record entry ``seq``, whose update was refused with ``exc``, as skipped (a
+        ``KeyboardInterrupt`` or ``SystemExit`` is raised again)."""
+        if isinstance(exc, InvalidUpdate):
+            self._skip(JournalCorrupt(run, seq, exc.reason))
+        elif isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise exc
+        else:  # pycrdt raises ValueError, RuntimeError or a panic
+            self._skip(JournalCorrupt(run, seq, f"{type(exc).__name__}: {exc}"))
+
+    def _remember_rows(self, winners: list[Row]) -> None:
+        """Put the entries ``winners`` (in journal order) in the entry table (appended in the
+        usual case, as :meth:`ProvenanceIndex.journaled_many` does)."""
         table = self.table
         tseqs, walls, who, names = table.seqs, table.walls, table.who, table.names
         last = tseqs[-1] if tseqs else 0  # the table's last position
+        if not winners:
+            return
+        if winners[0][0] > last:
+            named = set(map(_WHO, winners))
+            if len(named) == 1:  # the usual case: all appended, under one (agent, source, run)
+                tseqs.extend(map(_SEQ, winners))
+                walls.extend(map(_WALL, winners))
+                who.extend(repeat(names(*named.pop()), len(winners)))
+                if len(tseqs) > table.sweep_at:
+                    table.keep(self._live_seqs())
+                return
         agent_, source_, run_, who_ = "", "", "", ("", "", "")  # the last entry's names
-        for seq in sorted(winners):  # in journal order: the table appends
-            _, agent, source, _, wall, _, _, _, run, _ = winners[seq]
+        for seq, agent, source, _, wall, _, _, _, run, _ in winners:
             if seq <= last:
                 table.add(seq, agent, source, wall, run)
             else:  # the usual case: append, the (agent, source, run) shared
@@ -242,21 +375,12 @@ class JournalReplay(ReplicaDocument):
         makes them).
         """
         winners: dict[int, Row] = {}
-        kinds = self._kinds
         registry = map_reader(self.registry, rtxn)
         index = self.index
         for coll, keyed in touched.items():
-            kind = kinds.get(coll)
-            if kind is None:
-                kind = registry(coll)
-                if kind in KINDS:
-                    kinds[coll] = kind
-            if kind in KINDS and kind != "map":
+            read = self._map_reader(coll, rtxn, registry)
+            if read is None:
                 continue  # registered as another kind: not a map key (see root())
-            root = self._roots.get((coll, "map"))
-            if root is None:
-                root = self.root(coll, "map")
-            read = map_reader(root, rtxn)
             keys = index.get(coll)
             for key, held in keyed.items():
                 current = read(key)
@@ -295,6 +419,31 @@ class JournalReplay(ReplicaDocument):
 
 
 _NO_KEYS: dict[str, Any] = {}
+# a row's columns (position, wall time, (agent, source, origin), update, effect, checksum)
+_SEQ, _WALL, _WHO = itemgetter(0), itemgetter(4), itemgetter(1, 2, 8)
+_UPDATE, _EFFECT, _CRC = itemgetter(5), itemgetter(6), itemgetter(7)
+# an op's parts (kind, collection, action, key, value), and an effect's first op
+_KIND, _COLL, _ACTION, _KEY, _VALUE = (itemgetter(i) for i in range(5))
+_FIRST = itemgetter(0)
+
+
+def _touched(ops: list[Op], owners: list[Row]) -> dict[str, dict[str, _Held]]:
+    """The writes ``ops`` (``owners[i]`` wrote ``ops[i]``, in journal order) by collection and
+    key, as :meth:`JournalReplay._apply_rows` gathers them for :meth:`~JournalReplay._winners`."""
+    touched: dict[str, dict[str, _Held]] = {}
+    for op, row in zip(ops, owners, strict=True):
+        keyed = touched.get(op[1])
+        if keyed is None:
+            keyed = touched[op[1]] = {}
+        held = keyed.get(op[3])
+        if held is None:
+            keyed[op[3]] = (op, row)
+        elif isinstance(held, list):
+            held.append((op, row))
+        else:
+            keyed[op[3]] = [held, (op, row)]
+    return touched
+
 
 # a key's write in a batch, or its writes when several (see JournalReplay._apply_rows)
 _Held = tuple[Op, Row] | list[tuple[Op, Row]]
