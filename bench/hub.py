@@ -537,10 +537,15 @@ def ab(trees: list[str], counts: list[int], n: int, rate: float, repeat: int) ->
     cpu: dict[tuple[int, int], list[float]] = {}
     names = [tree or "working tree" for tree in trees] + ["floor relay"]
     with tempfile.TemporaryDirectory(prefix="bench-hub-ab-") as tmp:
-        store = f"sqlite:///{tmp}/store.db"
         secret = secrets.token_hex(16).encode()
-        servers = [start_server("crdtstore", store, secret, None, tree) for tree in trees]
-        servers.append(start_server("relay", store, secret, None))
+        # a store each: a hub whose run's store is still open (it lingers after a trial) is
+        # another process with the store open to the next hub, which then commits every
+        # update at once (no journal window) and sends it a datagram per commit
+        servers = [
+            start_server("crdtstore", f"sqlite:///{tmp}/store{i}.db", secret, None, tree)
+            for i, tree in enumerate(trees)
+        ]
+        servers.append(start_server("relay", "", secret, None))
         try:
             for rnd in range(repeat):
                 for obs in counts:

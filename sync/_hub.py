@@ -505,11 +505,17 @@ class Hub(_RunLoader):
                 conn.close(CloseCode.MALFORMED, "frames are binary, not text")
                 return
             try:
-                received = session.receive(frame)
+                # an update frame (most of them) is applied without building a Received
+                update = session.receive_update(frame)
+                received = session.receive(frame) if update is None else None
             except ProtocolError as exc:
                 log.warning("%r: %s; closing with %d", conn, exc.reason, exc.close_code)
                 conn.close(exc.close_code, exc.reason)
                 return
+            if received is None:
+                assert update is not None
+                await self._apply(conn, update, frame)  # (relayed as received)
+                continue
             for reply in received.reply_frames():
                 conn.send(reply)
             message = received.message

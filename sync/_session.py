@@ -241,6 +241,40 @@ class ServerSession(_Session):
         self.frames_received += 1
         return out
 
+    def receive_update(self, frame: bytes) -> bytes | None:
+        """:meth:`receive` for the hub's most frequent frame, without a :class:`Received`: if
+        ``frame`` is an update frame whose length takes one or two bytes, and the session is
+        not read-only, apply it (as :meth:`receive` would) and return the update bytes;
+        else return None having done nothing (give the frame to :meth:`receive`).
+
+        Raises:
+            ProtocolError: the update was refused; nothing changed.
+        """
+        # the header as decode's fast path reads it; any other frame takes the general way
+        size = len(frame)
+        if (
+            self.read_only
+            or size <= 3
+            or size > self.max_message_size
+            or frame[0] != 0  # MessageType.SYNC
+            or frame[1] != 2  # SyncType.UPDATE
+        ):
+            return None
+        first = frame[2]
+        if first < 0x80:
+            if size != 3 + first:
+                return None
+            update = bytes(frame[3:])
+        else:
+            second = frame[3]
+            if not second or second >= 0x80 or size != 4 + ((first & 0x7F) | (second << 7)):
+                return None
+            update = bytes(frame[4:])
+        _apply(self.document, update)
+        self.updates_applied += 1
+        self.frames_received += 1
+        return update
+
     def _track_awareness(self, entries: tuple[AwarenessEntry, ...]) -> None:
         clients = dict(self._awareness_clients)
         for entry in entries:
