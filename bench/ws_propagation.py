@@ -14,7 +14,13 @@ the same run on a ``ws://`` store of its own (read-only token), iterates
 (one machine, one clock). Latency = arrival in a reader's record - the writer's stamp, over
 every (write, reader) pair; the first ``SKIP`` writes are left out (connection warm-up).
 Also reported: a reader process's CPU time per write while it received (median over the
-readers; not measured for the Yjs observers).
+readers; not measured for the Yjs observers), the writer process's CPU time per write while it
+wrote (not for the Yjs writer) and the hub process's CPU time per write over the trial: CPU
+times, unlike latencies, hold still on a machine loaded by other work (A/B them).
+
+``--profile DIR`` runs the hub and the ws:// writer under cProfile (``DIR/hub.prof``,
+``DIR/writer-<trial>.prof``) and prints where their time per update went, by part
+(JSON and base64, pydantic, websockets, the event loop, pycrdt, SQLite, crdtstore's own code).
 
 Baselines in the same run, same pacing and counts:
 
@@ -69,9 +75,18 @@ def _line(text: str) -> None:
 # -- agent processes ------------------------------------------------------------------------------
 
 
-def agent(role: str, url: str, run: str, token: str | None, n: int, rate: float) -> None:
+def agent(
+    role: str,
+    url: str,
+    run: str,
+    token: str | None,
+    n: int,
+    rate: float,
+    profile: str | None = None,
+) -> None:
     """A writer or a reader (see the module docstring); protocol on stdout/stdin: ``READY``,
-    (writer) ``GO`` read, then ``RESULT {json}``."""
+    (writer) ``GO`` read, then ``RESULT {json}``. ``profile``: the writer's write loop runs
+    under cProfile, dumped there."""
     import anyio
     import anyio.to_thread
 
@@ -91,6 +106,26 @@ def agent(role: str, url: str, run: str, token: str | None, n: int, rate: float)
                 _line("READY")
                 await anyio.to_thread.run_sync(sys.stdin.readline)
                 sent = [0] * n
+                prof = None
+                waits: list[float] = []  # wall seconds of each append, from send to answer
+                if profile:
+                    import cProfile
+
+                    from sync._client import WsJournal
+
+                    chunk = WsJournal._append_chunk
+
+                    async def timed(*args: Any, **kwargs: Any) -> Any:
+                        t = time.perf_counter()
+                        try:
+                            return await chunk(*args, **kwargs)
+                        finally:
+                            waits.append(time.perf_counter() - t)
+
+                    WsJournal._append_chunk = timed  # type: ignore[method-assign]
+                    prof = cProfile.Profile(time.process_time)
+                    prof.enable()
+                cpu0 = time.process_time()
                 t0 = time.monotonic()
                 for i in range(n):
                     delay = t0 + i / rate - time.monotonic()
@@ -99,7 +134,18 @@ def agent(role: str, url: str, run: str, token: str | None, n: int, rate: float)
                     sent[i] = time.monotonic_ns()
                     await m.set(f"w{i}", i)
                 await rec.flush()
-                return {"sent": sent}
+                cpu = time.process_time() - cpu0
+                if prof is not None:
+                    prof.disable()
+                    prof.dump_stats(str(profile))
+                    waits.sort()
+                    print(
+                        f"appends: {len(waits)} for {n} writes; wall time from the append to its"
+                        f" answer p50 {percentile(waits, 50) * 1e3:.2f} ms,"
+                        f" p90 {percentile(waits, 90) * 1e3:.2f} ms",
+                        file=sys.stderr,
+                    )
+                return {"sent": sent, "cpu": cpu}
             arrivals = [0] * n
             seen = 0
             stream = rec.changes(local=False, buffer=100_000)
@@ -122,16 +168,86 @@ def agent(role: str, url: str, run: str, token: str | None, n: int, rate: float)
     _line("RESULT " + json.dumps(anyio.run(main)))
 
 
+# -- profiles -------------------------------------------------------------------------------------
+
+# (part, substrings of "file:function") in order: the first that matches takes a function's
+# own time
+_LOOP = ("asyncio", "selectors", "anyio", "socket", "select.epoll", "sniffio", "trio")
+_PARTS: list[tuple[str, tuple[str, ...]]] = [
+    ("JSON + base64", ("json", "base64", "binascii", "b64")),
+    ("pydantic", ("pydantic", "model_validate", "model_dump")),
+    ("websockets", ("websockets",)),
+    ("event loop + sockets", _LOOP),
+    ("pycrdt", ("pycrdt",)),
+    ("SQLite", ("sqlite3", "_sqlite")),
+    ("sync (hub / client)", ("/sync/",)),
+    ("crdtstore", ("/crdtstore/",)),
+]
+
+
+def profile_split(path: Path, updates: int) -> dict[str, float]:
+    """Own CPU time per update (us) of the profile at ``path``, by part (see ``_PARTS``)."""
+    import pstats
+
+    stats: dict[Any, Any] = pstats.Stats(str(path)).stats  # type: ignore[attr-defined]
+    out: dict[str, float] = {}
+    for (file, _line, func), (_cc, _nc, tt, _ct, _callers) in stats.items():
+        key = f"{file}:{func}"
+        part = next((name for name, keys in _PARTS if any(k in key for k in keys)), "other")
+        out[part] = out.get(part, 0.0) + tt
+    return {k: v / updates * 1e6 for k, v in sorted(out.items(), key=lambda kv: -kv[1])}
+
+
+def profile_report(path: Path, updates: int, top: int = 25) -> None:
+    import pstats
+
+    split = profile_split(path, updates)
+    total = sum(split.values())
+    print(f"\n{path.name}: {total:.0f} us of profiled CPU per update, by part (own time)")
+    table(
+        ["part", "us/update", "share"],
+        [[k, f"{v:.1f}", f"{v / total:.0%}"] for k, v in split.items()],
+    )
+    print()
+    pstats.Stats(str(path)).sort_stats("tottime").print_stats(top)
+
+
 # -- parent ---------------------------------------------------------------------------------------
+
+
+# the hub under cProfile while a trial writes: SIGUSR1 starts a profile, SIGUSR2 ends it and
+# dumps it to the next of {out}1.prof, {out}2.prof, ...
+_PROFILED_HUB = """
+import cProfile, runpy, signal, sys, time
+held = [None, 0]
+def start(*_):
+    held[0] = cProfile.Profile(time.process_time)
+    held[0].enable()
+def end(*_):
+    held[0].disable()
+    held[1] += 1
+    held[0].dump_stats({out!r} + str(held[1]) + ".prof")
+sys.argv[0] = "sync"
+signal.signal(signal.SIGUSR1, start)
+signal.signal(signal.SIGUSR2, end)
+try:
+    runpy.run_module("sync", run_name="__main__", alter_sys=True)
+except SystemExit:
+    pass
+"""
 
 
 class Hub:
     """``python -m sync`` on a SQLite store, in a process of its own."""
 
-    def __init__(self, store: str, secret: str) -> None:
+    def __init__(self, store: str, secret: str, profile: Path | None = None) -> None:
         self.secret = secret
         env = {**os.environ, "CRDTSTORE_SECRET": secret}
         argv = [sys.executable, "-m", "sync", "--store", store, "--host", "127.0.0.1"]
+        self.profiled, self.dumps = profile, 0
+        if profile is not None:  # CPU time, not wall time (an idle hub waits in epoll)
+            self.profiled = profile.with_name("dump-hub")
+            argv[1:3] = ["-c", _PROFILED_HUB.format(out=str(self.profiled))]
         self.proc = subprocess.Popen(
             [*argv, "--port", "0"],
             stdin=subprocess.DEVNULL,
@@ -169,6 +285,30 @@ class Hub:
         )
         return mint(self.secret.encode(), claims)
 
+    def profiling(self, on: bool, name: str = "") -> None:
+        """Start the hub's next profile (when it runs under one), or end it: it is dumped
+        to ``{profile}-{name}.prof``."""
+        if self.profiled is None:
+            return
+        import signal
+
+        if on:
+            self.proc.send_signal(signal.SIGUSR1)
+            return
+        self.proc.send_signal(signal.SIGUSR2)
+        self.dumps += 1
+        dumped = Path(f"{self.profiled}{self.dumps}.prof")
+        deadline = time.monotonic() + 60
+        while not dumped.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)  # (written whole)
+        dumped.rename(self.profiled.with_name(f"hub-{name}.prof"))
+
+    def cpu(self) -> float:
+        """The hub process's CPU seconds so far (user + system)."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stop(self) -> None:
         stop(self.proc)  # type: ignore[arg-type]
 
@@ -177,9 +317,16 @@ _trials = 0
 
 
 def trial(
-    kind: str, hub: Hub, sqlite_url: str, readers: int, n: int, rate: float
+    kind: str,
+    hub: Hub,
+    sqlite_url: str,
+    readers: int,
+    n: int,
+    rate: float,
+    profile: Path | None = None,
 ) -> dict[str, Any]:
-    """One writer and ``readers`` readers of ``kind`` on a fresh run: latencies in ms."""
+    """One writer and ``readers`` readers of ``kind`` on a fresh run: latencies in ms, CPU
+    per write in us (``profile``: a folder for the ws:// writer's profile)."""
     global _trials
     _trials += 1
     run = f"t{_trials}-{kind}-{readers}"
@@ -187,6 +334,7 @@ def trial(
     procs: list[subprocess.Popen[str]] = []
     me = str(Path(__file__).resolve())
     cpu: list[float] = []  # CPU seconds of each reader process while it received
+    writer_cpu = float("nan")
     try:
         if kind in ("yjs", "yjsdoc"):
             base = f"ws://127.0.0.1:{hub.port}/{TENANT}/{run}"
@@ -202,10 +350,14 @@ def trial(
             procs += obs
             for p in obs:
                 readline(p, "READY")
+            hub0 = hub.cpu()
+            hub.profiling(True)
             tell(writer)
             for p in obs:
                 readline(p, "DONE")
             sent = json.loads(readline(writer, "RESULT "))["sent"]
+            hub.profiling(False, run)
+            hub_cpu = hub.cpu() - hub0
             for p in [writer, *obs]:
                 tell(p)
             arrivals = [json.loads(readline(p, "RESULT "))["arrivals"][0] for p in obs]
@@ -222,7 +374,12 @@ def trial(
                     return "-"
 
             common = ["--n", str(n), "--rate", str(rate), "--run", run, "--url", url]
-            writer = spawn([me, "--agent", "writer", "--token", tok("writer", "rw"), *common])
+            prof = []
+            if profile is not None and kind == "ws":
+                prof = ["--profile", str(profile / f"writer-{run}.prof")]
+            writer = spawn(
+                [me, "--agent", "writer", "--token", tok("writer", "rw"), *common, *prof]
+            )
             procs.append(writer)
             readline(writer, "READY")  # the run exists now
             rs = [
@@ -232,9 +389,15 @@ def trial(
             procs += rs
             for p in rs:
                 readline(p, "READY")
+            hub0 = hub.cpu()
+            if kind == "ws":
+                hub.profiling(True)
             tell(writer)
-            sent = json.loads(readline(writer, "RESULT "))["sent"]
+            wrote = json.loads(readline(writer, "RESULT "))
+            sent, writer_cpu = wrote["sent"], wrote["cpu"]
             results = [json.loads(readline(p, "RESULT ")) for p in rs]
+            hub.profiling(False, run)
+            hub_cpu = hub.cpu() - hub0 if kind == "ws" else float("nan")
             arrivals = [r["arrivals"] for r in results]
             cpu = [r["cpu"] for r in results]
         lat: list[float] = []
@@ -256,6 +419,8 @@ def trial(
             "max": max(lat) if lat else float("nan"),
             "missing": missing,
             "reader_cpu_us": median(cpu) / n * 1e6 if cpu else float("nan"),
+            "writer_cpu_us": writer_cpu / n * 1e6,
+            "hub_cpu_us": hub_cpu / n * 1e6,
         }
     finally:
         for p in procs:
@@ -270,6 +435,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--readers", default="1,4,8", help="comma-separated reader counts")
     ap.add_argument("--kinds", default=",".join(KINDS), help="which of ws,yjs,yjsdoc,sqlite")
     ap.add_argument("--repeat", type=int, default=1, help="runs of every configuration")
+    ap.add_argument(
+        "--profile", type=Path, default=None, help="cProfile the hub and the ws:// writer here"
+    )
     # an agent process (internal)
     ap.add_argument("--agent", choices=("writer", "reader"), help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
@@ -279,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     n = args.n or (200 if args.quick else 600)
     if args.agent:
         agent(args.agent, args.url, args.run, None if args.token == "-" else args.token, n,
-              args.rate)  # fmt: skip
+              args.rate, args.profile)  # fmt: skip
         return 0
     readers = [int(r) for r in args.readers.split(",")]
     kinds = [k for k in args.kinds.split(",") if k]
@@ -287,13 +455,17 @@ def main(argv: list[str] | None = None) -> int:
     by: dict[tuple[str, int], list[dict[str, Any]]] = {}
     rows: list[list[Any]] = []
     with tempfile.TemporaryDirectory(prefix="crdtstore-bench-") as tmp:
-        hub = Hub(f"sqlite:///{Path(tmp) / 'hub.db'}", secrets.token_hex(16))
+        profile = args.profile.resolve() if args.profile is not None else None
+        if profile is not None:
+            profile.mkdir(parents=True, exist_ok=True)
+        hub_prof = None if profile is None else profile / "hub"
+        hub = Hub(f"sqlite:///{Path(tmp) / 'hub.db'}", secrets.token_hex(16), hub_prof)
         try:
             for rep in range(args.repeat):
                 for r in readers:
                     for kind in kinds:
                         sqlite_url = f"sqlite:///{Path(tmp) / f'direct{rep}-{r}.db'}"
-                        res = trial(kind, hub, sqlite_url, r, n, args.rate)
+                        res = trial(kind, hub, sqlite_url, r, n, args.rate, profile)
                         by.setdefault((kind, r), []).append(res)
                         rows.append(
                             [
@@ -307,11 +479,18 @@ def main(argv: list[str] | None = None) -> int:
                                 fmt(res["max"], "ms"),
                                 res["missing"],
                                 fmt(res["reader_cpu_us"], "us"),
+                                fmt(res["writer_cpu_us"], "us"),
+                                fmt(res["hub_cpu_us"], "us"),
                             ]
                         )
                         print(f"   done: {kind} x{r} (load {res['load']:.2f} before)", flush=True)
         finally:
             hub.stop()
+        if profile is not None:
+            for path in sorted(profile.glob("writer-*.prof")):
+                profile_report(path, n)
+            for path in sorted(profile.glob("hub-*.prof")):
+                profile_report(path, n)
     print()
     print(
         f"1 writer, {n} writes at {args.rate:g}/s; latency = arrival in a reader's record "
@@ -329,6 +508,8 @@ def main(argv: list[str] | None = None) -> int:
             "max",
             "missing",
             "reader CPU/write",
+            "writer CPU/write",
+            "hub CPU/write",
         ],
         rows,
     )
