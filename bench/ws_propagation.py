@@ -16,7 +16,10 @@ every (write, reader) pair; the first ``SKIP`` writes are left out (connection w
 Also reported: a reader process's CPU time per write while it received (median over the
 readers; not measured for the Yjs observers), the writer process's CPU time per write while it
 wrote (not for the Yjs writer) and the hub process's CPU time per write over the trial: CPU
-times, unlike latencies, hold still on a machine loaded by other work (A/B them).
+times, unlike latencies, hold still on a machine loaded by other work (A/B them). For the
+ws:// writer: how many appends its record sent, and their median wall time (send to answer).
+``--flush-each`` makes every write one append (the writer flushes after each), so that CPU
+per write is CPU per append whatever the load does to the batching.
 
 ``--profile DIR`` runs the hub and the ws:// writer under cProfile (``DIR/hub.prof``,
 ``DIR/writer-<trial>.prof``) and prints where their time per update went, by part
@@ -83,10 +86,11 @@ def agent(
     n: int,
     rate: float,
     profile: str | None = None,
+    flush_each: bool = False,
 ) -> None:
     """A writer or a reader (see the module docstring); protocol on stdout/stdin: ``READY``,
     (writer) ``GO`` read, then ``RESULT {json}``. ``profile``: the writer's write loop runs
-    under cProfile, dumped there."""
+    under cProfile, dumped there; ``flush_each``: the writer flushes after every write."""
     import anyio
     import anyio.to_thread
 
@@ -108,21 +112,21 @@ def agent(
                 sent = [0] * n
                 prof = None
                 waits: list[float] = []  # wall seconds of each append, from send to answer
+                from sync._client import WsJournal
+
+                chunk = WsJournal._append_chunk
+
+                async def timed(*args: Any, **kwargs: Any) -> Any:
+                    t = time.perf_counter()
+                    try:
+                        return await chunk(*args, **kwargs)
+                    finally:
+                        waits.append(time.perf_counter() - t)
+
+                WsJournal._append_chunk = timed  # type: ignore[method-assign]
                 if profile:
                     import cProfile
 
-                    from sync._client import WsJournal
-
-                    chunk = WsJournal._append_chunk
-
-                    async def timed(*args: Any, **kwargs: Any) -> Any:
-                        t = time.perf_counter()
-                        try:
-                            return await chunk(*args, **kwargs)
-                        finally:
-                            waits.append(time.perf_counter() - t)
-
-                    WsJournal._append_chunk = timed  # type: ignore[method-assign]
                     prof = cProfile.Profile(time.process_time)
                     prof.enable()
                 cpu0 = time.process_time()
@@ -133,19 +137,16 @@ def agent(
                         await anyio.sleep(delay)
                     sent[i] = time.monotonic_ns()
                     await m.set(f"w{i}", i)
+                    if flush_each:
+                        await rec.flush()
                 await rec.flush()
                 cpu = time.process_time() - cpu0
                 if prof is not None:
                     prof.disable()
                     prof.dump_stats(str(profile))
-                    waits.sort()
-                    print(
-                        f"appends: {len(waits)} for {n} writes; wall time from the append to its"
-                        f" answer p50 {percentile(waits, 50) * 1e3:.2f} ms,"
-                        f" p90 {percentile(waits, 90) * 1e3:.2f} ms",
-                        file=sys.stderr,
-                    )
-                return {"sent": sent, "cpu": cpu}
+                waits.sort()
+                append_ms = percentile(waits, 50) * 1e3  # (nan when there were none)
+                return {"sent": sent, "cpu": cpu, "appends": len(waits), "append_ms": append_ms}
             arrivals = [0] * n
             seen = 0
             stream = rec.changes(local=False, buffer=100_000)
@@ -210,6 +211,65 @@ def profile_report(path: Path, updates: int, top: int = 25) -> None:
     )
     print()
     pstats.Stats(str(path)).sort_stats("tottime").print_stats(top)
+
+
+# -- the wire cost of one append ------------------------------------------------------------------
+
+
+def wire_cost(rounds: int = 5, number: int = 2000) -> dict[str, float]:
+    """CPU us per append of what differs between the JSON ``journal.append`` and the append
+    frame, in this process (both paths alternating, the best of ``rounds``): the client's
+    request, the hub's decoding and checking of it, the hub's answer and the client's reading
+    of it, for the update of one ``m.set`` of the writer (no socket, no journal)."""
+    import base64 as b64mod
+    import timeit
+
+    from pycrdt import Doc
+
+    from crdtstore.backend import check_call
+    from sync import ClientSession, PycrdtDocument, ServerSession
+    from sync._messages import Response
+
+    doc: Doc[Any] = Doc()
+    state = doc.get_state()
+    from pycrdt import Map
+
+    doc.get("m", type=Map)["w123"] = 123
+    update, client_id = doc.get_update(state), doc.client_id
+    client = ClientSession(PycrdtDocument(Doc()), max_pending_requests=10**9)
+    hub = ServerSession(PycrdtDocument(Doc()), max_pending_requests=10**9)
+
+    def json_path() -> None:
+        entry = {"update": b64mod.b64encode(update).decode("ascii"), "client_id": client_id}
+        _, frame = client.request("journal.append", {"entries": [entry], "durable": False})
+        request: Any = hub.receive(frame).message
+        for e in request.params["entries"]:  # as the hub's op checks an entry
+            b64mod.b64decode(e["update"], validate=True), check_call(e.get("call", ""))
+        client.receive(hub.respond(Response.success(request.id, [12345])))
+
+    paths = {"JSON journal.append": json_path}
+    try:
+        from sync._messages import Append, Appended, AppendEntry, encode
+    except ImportError:  # (code before the append frame)
+        pass
+    else:
+
+        def frame_path() -> None:
+            request, _ = client.request("journal.append")  # (its id: see sync._client)
+            entries = (AppendEntry(update, client_id, ""),)
+            frame = encode(Append.of(int(request.id), entries, False))
+            append: Any = hub.receive(frame).message
+            for e in append.entries:
+                check_call(e.call)
+            client.receive(hub.respond(Appended.of(append.id, [12345])))
+
+        paths["append frame"] = frame_path
+    best = dict.fromkeys(paths, float("inf"))
+    for _ in range(rounds):
+        for name, path in paths.items():
+            t = timeit.Timer(path, timer=time.process_time).timeit(number)
+            best[name] = min(best[name], t / number * 1e6)
+    return best
 
 
 # -- parent ---------------------------------------------------------------------------------------
@@ -324,6 +384,7 @@ def trial(
     n: int,
     rate: float,
     profile: Path | None = None,
+    flush_each: bool = False,
 ) -> dict[str, Any]:
     """One writer and ``readers`` readers of ``kind`` on a fresh run: latencies in ms, CPU
     per write in us (``profile``: a folder for the ws:// writer's profile)."""
@@ -334,7 +395,8 @@ def trial(
     procs: list[subprocess.Popen[str]] = []
     me = str(Path(__file__).resolve())
     cpu: list[float] = []  # CPU seconds of each reader process while it received
-    writer_cpu = float("nan")
+    writer_cpu = append_ms = float("nan")
+    appends = 0
     try:
         if kind in ("yjs", "yjsdoc"):
             base = f"ws://127.0.0.1:{hub.port}/{TENANT}/{run}"
@@ -374,6 +436,8 @@ def trial(
                     return "-"
 
             common = ["--n", str(n), "--rate", str(rate), "--run", run, "--url", url]
+            if flush_each:
+                common.append("--flush-each")
             prof = []
             if profile is not None and kind == "ws":
                 prof = ["--profile", str(profile / f"writer-{run}.prof")]
@@ -395,6 +459,7 @@ def trial(
             tell(writer)
             wrote = json.loads(readline(writer, "RESULT "))
             sent, writer_cpu = wrote["sent"], wrote["cpu"]
+            appends, append_ms = wrote["appends"], wrote["append_ms"]
             results = [json.loads(readline(p, "RESULT ")) for p in rs]
             hub.profiling(False, run)
             hub_cpu = hub.cpu() - hub0 if kind == "ws" else float("nan")
@@ -421,6 +486,8 @@ def trial(
             "reader_cpu_us": median(cpu) / n * 1e6 if cpu else float("nan"),
             "writer_cpu_us": writer_cpu / n * 1e6,
             "hub_cpu_us": hub_cpu / n * 1e6,
+            "appends": appends,
+            "append_ms": append_ms,
         }
     finally:
         for p in procs:
@@ -438,6 +505,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--profile", type=Path, default=None, help="cProfile the hub and the ws:// writer here"
     )
+    ap.add_argument(
+        "--wire",
+        action="store_true",
+        help="only the CPU per append of the JSON append and the append frame, in-process",
+    )
+    ap.add_argument(
+        "--flush-each",
+        action="store_true",
+        help="the writer flushes after every write: one append per write (CPU per append A/B)",
+    )
     # an agent process (internal)
     ap.add_argument("--agent", choices=("writer", "reader"), help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
@@ -445,9 +522,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--token", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     n = args.n or (200 if args.quick else 600)
+    if args.wire:
+        for name, us in wire_cost().items():
+            print(f"{name}: {us:.2f} us CPU per append (encode, decode, check, answer, read)")
+        return 0
     if args.agent:
         agent(args.agent, args.url, args.run, None if args.token == "-" else args.token, n,
-              args.rate, args.profile)  # fmt: skip
+              args.rate, args.profile, args.flush_each)  # fmt: skip
         return 0
     readers = [int(r) for r in args.readers.split(",")]
     kinds = [k for k in args.kinds.split(",") if k]
@@ -465,7 +546,9 @@ def main(argv: list[str] | None = None) -> int:
                 for r in readers:
                     for kind in kinds:
                         sqlite_url = f"sqlite:///{Path(tmp) / f'direct{rep}-{r}.db'}"
-                        res = trial(kind, hub, sqlite_url, r, n, args.rate, profile)
+                        res = trial(
+                            kind, hub, sqlite_url, r, n, args.rate, profile, args.flush_each
+                        )
                         by.setdefault((kind, r), []).append(res)
                         rows.append(
                             [
@@ -481,6 +564,8 @@ def main(argv: list[str] | None = None) -> int:
                                 fmt(res["reader_cpu_us"], "us"),
                                 fmt(res["writer_cpu_us"], "us"),
                                 fmt(res["hub_cpu_us"], "us"),
+                                res["appends"] or "-",
+                                fmt(res["append_ms"], "ms"),
                             ]
                         )
                         print(f"   done: {kind} x{r} (load {res['load']:.2f} before)", flush=True)
@@ -510,6 +595,8 @@ def main(argv: list[str] | None = None) -> int:
             "reader CPU/write",
             "writer CPU/write",
             "hub CPU/write",
+            "appends",
+            "append p50",
         ],
         rows,
     )
