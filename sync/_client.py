@@ -123,6 +123,10 @@ class WsJournal(JournalBackend, RemoteJournal):
     next call instead of reconnecting; a write through a read-only token fails with
     :class:`crdtstore.ReadOnlyAccess` (final: the record stops journaling, as for a closed run).
 
+    **Appends** go as binary append frames to a hub that takes them (see the module
+    docstring); ``append_frames = False`` sends the JSON ``journal.append`` as clients before
+    the frame did (``appends_framed`` counts the frames sent).
+
     **Redaction** (``store.redact``) is done by the hub on its store, as the token's agent,
     for a token with the ``redact`` right (else ``Forbidden``): see :mod:`sync._ops_redact`.
 
