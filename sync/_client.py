@@ -18,6 +18,11 @@ One connection per run, with the subprotocol ``crdtstore``: the hub sends it no 
 (their content may not be journaled yet), only pushes when the journal head moves. The
 connection, its reconnects and the exchange after each one: :mod:`sync._link`. Works on
 asyncio and trio. What a hub refuses or does not support: :class:`WsJournal`.
+
+Appends go as binary append frames (:class:`~sync._messages.Append`: the update bytes as they
+are, no JSON or base64) to a hub whose ``whoami`` lists ``journal.append`` in ``frames``,
+asked once per connection (a connection may move to another hub, of another version); to any
+other hub as the JSON ``journal.append``.
 """
 
 from __future__ import annotations
@@ -33,11 +38,13 @@ from urllib.parse import quote, unquote, urlsplit
 import anyio
 from anyio.abc import TaskGroup
 from pydantic import JsonValue
+from websockets.exceptions import ConnectionClosed
 
 from crdtstore import (
     BackendError,
     CompactionResult,
     InvalidValue,
+    ReadOnlyAccess,
     StoreClosed,
     UnknownRun,
     UnsupportedOperation,
@@ -55,8 +62,10 @@ from crdtstore.backend import (
     check_name,
 )
 
-from ._lease_rpc import RemoteLeases
-from ._link import _EMPTY_UPDATES, _ConnectionLost, _Link
+from ._errors import ProtocolError
+from ._lease_rpc import RemoteLeases, error_from_info
+from ._link import _EMPTY_UPDATES, _ConnectionLost, _Link, _Waiter
+from ._messages import APPEND_OP, Append, AppendEntry, encode
 from ._redact_rpc import forget_redacted, request_redact
 from ._rows import _entry_json, _row, _run_row
 
@@ -113,6 +122,10 @@ class WsJournal(JournalBackend, RemoteJournal):
     (close 4404/4410) or a token closed while connected (4401/4403) raise the typed error at the
     next call instead of reconnecting; a write through a read-only token fails with
     :class:`crdtstore.ReadOnlyAccess` (final: the record stops journaling, as for a closed run).
+
+    **Appends** go as binary append frames to a hub that takes them (see the module
+    docstring); ``append_frames = False`` sends the JSON ``journal.append`` as clients before
+    the frame did (``appends_framed`` counts the frames sent).
 
     **Redaction** (``store.redact``) is done by the hub on its store, as the token's agent,
     for a token with the ``redact`` right (else ``Forbidden``): see :mod:`sync._ops_redact`.
@@ -193,6 +206,10 @@ class WsJournal(JournalBackend, RemoteJournal):
         self.reads_kept = 0  # journal reads answered from pushed entries (tests, metrics)
         self.reads_asked = 0  # journal.read requests sent to the hub
         self._attached: dict[str, list[Any]] = {}  # run -> records (see `attach`)
+        # run -> (the connection's session, whether its hub takes append frames): see `whoami`
+        self._frames: dict[str, tuple[object, bool]] = {}
+        self.append_frames = True  # send appends as frames to hubs that take them
+        self.appends_framed = 0  # appends sent as frames (tests, metrics)
         self.exchanges = 0  # state-vector exchanges (one per attached record and connect)
         self.losses = 0  # exchanges that found the hub's journal behind a record
         self.resent = 0  # appends of what the hub lacked, sent by an exchange
@@ -337,12 +354,22 @@ class WsJournal(JournalBackend, RemoteJournal):
     async def identity(self, tenant: str, run: str) -> tuple[str, str]:
         link = await self._link(tenant, run)
         if link.identity is None:
-            claims = await self._request(link, "whoami", {}, self.connect_timeout)
-            if not isinstance(claims, dict):
-                raise BackendError("ws", f"malformed whoami answer {claims!r}")
+            claims = await self._whoami(link, self.connect_timeout)
             link.identity = (str(claims.get("agent")), str(claims.get("source", "model")))
             link.read_only = claims.get("mode") == "ro"
         return link.identity
+
+    async def _whoami(self, link: _Link, timeout: float) -> dict[str, Any]:  # noqa: ASYNC109
+        """The hub's ``whoami``; noted for the connection that answered it (when it did not
+        change meanwhile): whether its hub takes append frames."""
+        connects, session = link.connects, link.session
+        claims = await self._request(link, "whoami", {}, timeout)
+        if not isinstance(claims, dict):
+            raise BackendError("ws", f"malformed whoami answer {claims!r}")
+        if session is not None and link.connects == connects and link.session is session:
+            frames = claims.get("frames")
+            self._frames[link.run] = (session, isinstance(frames, list) and APPEND_OP in frames)
+        return claims
 
     async def read_only(self, tenant: str, run: str) -> bool:
         await self.identity(tenant, run)
@@ -393,23 +420,19 @@ class WsJournal(JournalBackend, RemoteJournal):
     ) -> list[int]:
         await self._link(tenant, run)
         seqs: list[int] = []
-        chunk: list[JsonValue] = []
-        crcs: list[int] = []
+        chunk: list[NewEntry] = []
         size = 0
         for entry in entries:
             if chunk and size + len(entry.update) > _APPEND_BYTES:
-                seqs.extend(await self._append_chunk(run, chunk, crcs, durable))
-                chunk, crcs, size = [], [], 0
-            chunk.append(_entry_json(entry))
-            crcs.append(entry.checksum)
+                seqs.extend(await self._append_chunk(run, chunk, durable))
+                chunk, size = [], 0
+            chunk.append(entry)
             size += len(entry.update)
         if chunk:
-            seqs.extend(await self._append_chunk(run, chunk, crcs, durable))
+            seqs.extend(await self._append_chunk(run, chunk, durable))
         return seqs
 
-    async def _append_chunk(
-        self, run: str, chunk: list[JsonValue], crcs: list[int], durable: bool
-    ) -> list[int]:
+    async def _append_chunk(self, run: str, chunk: list[NewEntry], durable: bool) -> list[int]:
         # A lost connection is waited out (up to offline_timeout) and the append sent again:
         # the hub does not journal twice what it already holds, and the record's writers see
         # no failure for a hub restart.
@@ -417,11 +440,7 @@ class WsJournal(JournalBackend, RemoteJournal):
         deadline = anyio.current_time() + self.offline_timeout
         while True:
             try:
-                got = await link.call(
-                    "journal.append",
-                    {"entries": chunk, "durable": durable},
-                    max(0.0, deadline - anyio.current_time()),
-                )
+                got = await self._append_once(link, chunk, durable, deadline)
                 break
             except _ConnectionLost as exc:
                 if anyio.current_time() >= deadline:
@@ -433,9 +452,81 @@ class WsJournal(JournalBackend, RemoteJournal):
         seqs = [int(s) for s in got]  # type: ignore[arg-type]
         if seqs:
             link.saw(max(seqs))
-        for seq, crc in zip(seqs, crcs, strict=True):
-            link.mark(seq, crc)  # the hub journals the bytes as sent (or found them so)
+        for seq, entry in zip(seqs, chunk, strict=True):
+            link.mark(seq, entry.checksum)  # the hub journals the bytes as sent (or found them so)
         return seqs
+
+    async def _append_once(
+        self, link: _Link, chunk: list[NewEntry], durable: bool, deadline: float
+    ) -> JsonValue:
+        """One ``journal.append`` of ``chunk``: an append frame when the hub of the open
+        connection takes them (asked once per connection), else the JSON op."""
+        while self.append_frames:
+            await link.ready(max(0.0, deadline - anyio.current_time()))
+            known = self._frames.get(link.run)
+            if known is None or known[0] is not link.session:
+                await self._whoami(link, max(0.0, deadline - anyio.current_time()))
+                continue
+            if known[1]:
+                return await self._call_frame(link, chunk, durable, deadline)
+            break
+        params: dict[str, JsonValue] = {
+            "entries": [_entry_json(e) for e in chunk],
+            "durable": durable,
+        }
+        return await link.call(APPEND_OP, params, max(0.0, deadline - anyio.current_time()))
+
+    async def _call_frame(
+        self, link: _Link, chunk: list[NewEntry], durable: bool, deadline: float
+    ) -> JsonValue:
+        """``link.call(journal.append)`` sent as an append frame on the open connection: the
+        same waiting, timeout and errors (see ``_Link.call``)."""
+        ws, session = link.ws, link.session
+        assert ws is not None
+        assert session is not None
+        try:  # the request id, pending in the session (its JSON frame is not sent)
+            request, _ = session.request(APPEND_OP)
+            frame = encode(
+                Append.of(
+                    int(request.id),
+                    tuple(AppendEntry(e.update, e.client_id, e.call) for e in chunk),
+                    durable,
+                )
+            )
+        except ProtocolError as exc:
+            raise BackendError("ws", str(exc)) from None
+        self.appends_framed += 1
+        waiter = link.waiters[request.id] = _Waiter()
+        with anyio.move_on_after(max(0.0, deadline - anyio.current_time())) as waiting:
+            try:
+                await ws.send(frame)
+            except ConnectionClosed:
+                link.waiters.pop(request.id, None)
+            else:
+                await waiter.event.wait()
+        if waiting.cancelled_caught:
+            link.waiters.pop(request.id, None)
+            log.warning(
+                "ws %s/%s: no answer to %s within the offline timeout; reconnecting",
+                self.tenant,
+                link.run,
+                APPEND_OP,
+            )
+            link._abort(ws)
+            raise _ConnectionLost("ws", f"no answer from the hub to {APPEND_OP} in time")
+        response = waiter.response
+        if response is None:
+            with anyio.move_on_after(self.connect_timeout):
+                while link.ws is ws:  # let the reader see the close code: final or not
+                    await link.changed.wait()
+            if link.final is not None:
+                raise link.final
+            raise _ConnectionLost("ws", f"connection to the hub lost during {APPEND_OP}")
+        if response.error is not None:
+            if response.error.code == ReadOnlyAccess.code:
+                raise ReadOnlyAccess(self.tenant, link.run)
+            raise error_from_info(response.error)
+        return response.result
 
     async def append_guarded(
         self,

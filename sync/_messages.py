@@ -17,13 +17,31 @@ codec's :class:`~crdtstore.codec.CodecError` is translated here, at the protocol
 ``decode(encode(m)) == m`` for every message ``m``. The binary messages are frozen
 dataclasses rather than pydantic models: they sit on the hot path of every update and hold
 only bytes or a string, which ``encode`` checks.
+
+**The append frame** (types 100/3 and 100/4) is ``journal.append`` without JSON: the hot write
+of a ``ws://`` client, whose update bytes would otherwise travel base64 in a JSON request and
+be validated twice. :class:`Append` is a :class:`Request` (op ``journal.append``, the same id
+space, handled in order like any request) carrying its entries as raw bytes; its success is
+answered by :class:`Appended` (a :class:`Response` whose ``result`` is the journal
+positions), its failure by the ordinary JSON error response, with the same codes as the JSON
+form. The JSON form stays: a client sends the binary one only to a hub whose ``whoami`` lists
+``journal.append`` in ``frames`` (see ``sync._client``). A malformed append frame is refused
+as every other frame is (a :class:`~sync.ProtocolError`, close 4400)::
+
+    append(id, flags, entries) = varUint(100) • varUint(3) • varUint(id) • varUint(flags) •
+                                 varUint(n) • n * (varUint(client_id) • varString(call) •
+                                 varUint8Array(update))
+    appended(id, seqs)         = varUint(100) • varUint(4) • varUint(id) • varUint(n) •
+                                 n * varUint(seq)
+
+``flags`` bit 0 is ``durable``; the other bits must be 0. ``call`` is ``""`` for none.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, NamedTuple
 
 import pydantic_core
 from pydantic import (
@@ -38,14 +56,18 @@ from pydantic import (
 )
 
 from crdtstore import CrdtStoreError
-from crdtstore.codec import MAX_SAFE_INTEGER, CodecError, Decoder, Encoder
+from crdtstore.codec import MAX_SAFE_INTEGER, CodecError, Decoder, Encoder, read_var_uint_at
 from crdtstore.codec import decode_state_vector as _decode_state_vector
 
 from ._errors import MessageTooLarge, ProtocolError
 
 __all__ = [
+    "APPEND_OP",
     "DEFAULT_MAX_MESSAGE_SIZE",
     "EXTENSION_MESSAGE_TYPE",
+    "Append",
+    "AppendEntry",
+    "Appended",
     "Awareness",
     "AwarenessEntry",
     "ErrorInfo",
@@ -70,6 +92,8 @@ __all__ = [
 
 DEFAULT_MAX_MESSAGE_SIZE: Final = 16 * 1024 * 1024
 EXTENSION_MESSAGE_TYPE: Final = 100
+APPEND_OP: Final = "journal.append"  # the op an append frame performs
+_DURABLE: Final = 1  # the append frame's flag bits
 
 
 # The wire format (``•`` concatenates; the primitives are lib0's, :mod:`crdtstore.codec`)::
@@ -83,6 +107,7 @@ EXTENSION_MESSAGE_TYPE: Final = 100
 #     request(json)          = varUint(100) • varUint(0) • varString(JSON of Request)
 #     response(json)         = varUint(100) • varUint(1) • varString(JSON of Response)
 #     push(json)             = varUint(100) • varUint(2) • varString(JSON of Push)
+#     append(...), appended(...): varUint(100) • varUint(3 | 4) • ..., in the module docstring
 #
 # An awareness update is ``varUint(n) • n * (varUint(client) • varUint(clock) •
 # varString(JSON state))``; a removed client's state is ``null``.
@@ -116,6 +141,8 @@ class ExtensionType(IntEnum):
     REQUEST = 0
     RESPONSE = 1
     PUSH = 2
+    APPEND = 3
+    APPENDED = 4
 
 
 # -- binary messages ------------------------------------------------------------------------
@@ -279,6 +306,56 @@ class Push(BaseModel):
     rows: list[JsonValue] | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
+class AppendEntry(NamedTuple):
+    """One entry of an :class:`Append`: the update, the writer's client id and its tool-call
+    id (``""``: none)."""
+
+    update: bytes
+    client_id: int
+    call: str = ""
+
+
+_new = object.__new__
+_set = object.__setattr__
+
+
+class Append(Request):
+    """``journal.append`` as a binary frame (see the module docstring): ``entries`` and
+    ``durable`` instead of JSON ``params``. Build it with :meth:`of` (no validation: ``encode``
+    checks every field)."""
+
+    entries: tuple[AppendEntry, ...] = ()
+    durable: bool = True
+
+    @classmethod
+    def of(cls, request_id: int, entries: tuple[AppendEntry, ...], durable: bool) -> Append:
+        # what model_construct does, without its per-field loop: on the path of every update
+        m = _new(cls)
+        _set(m, "__dict__", {"id": request_id, "op": APPEND_OP, "params": {},
+                             "entries": entries, "durable": durable})  # fmt: skip
+        _set(m, "__pydantic_fields_set__", _APPEND_FIELDS)
+        _set(m, "__pydantic_extra__", None)
+        _set(m, "__pydantic_private__", None)
+        return m
+
+
+class Appended(Response):
+    """The success of an :class:`Append`: ``result`` is the entries' journal positions."""
+
+    @classmethod
+    def of(cls, request_id: int | str, seqs: list[int]) -> Appended:
+        m = _new(cls)
+        _set(m, "__dict__", {"id": request_id, "result": seqs, "error": None})
+        _set(m, "__pydantic_fields_set__", _APPENDED_FIELDS)
+        _set(m, "__pydantic_extra__", None)
+        _set(m, "__pydantic_private__", None)
+        return m
+
+
+_APPEND_FIELDS: Final = frozenset(Append.model_fields)
+_APPENDED_FIELDS: Final = frozenset({"id", "result"})
+
+
 Message = (
     SyncStep1
     | SyncStep2
@@ -289,6 +366,8 @@ Message = (
     | Request
     | Response
     | Push
+    | Append
+    | Appended
 )
 """Every message a frame can hold."""
 
@@ -309,6 +388,10 @@ def encode(message: Message) -> bytes:
     Raises:
         ProtocolError: a field cannot be encoded (not bytes, a lone surrogate, ...).
     """
+    if type(message) is Append:
+        return _encode_append(message)
+    if type(message) is Appended:
+        return _encode_appended(message)
     try:
         enc = Encoder()
         if isinstance(message, Update):
@@ -354,6 +437,108 @@ def encode(message: Message) -> bytes:
         raise ProtocolError(exc.reason) from None
 
 
+def _var_uint(buf: bytearray, value: object) -> None:
+    if type(value) is not int or not 0 <= value <= MAX_SAFE_INTEGER:
+        raise ProtocolError(f"varUint out of range: {value!r}")
+    while value > 0x7F:
+        buf.append(0x80 | (value & 0x7F))
+        value >>= 7
+    buf.append(value)
+
+
+def _encode_append(message: Append) -> bytes:
+    if type(message.durable) is not bool or message.op != APPEND_OP or message.params:
+        raise ProtocolError(f"an append frame is {APPEND_OP} with a bool durable, no params")
+    entries = message.entries
+    buf = bytearray(b"\x64\x03")  # varUint(100) • varUint(APPEND)
+    _var_uint(buf, message.id)
+    buf.append(_DURABLE if message.durable is True else 0)
+    _var_uint(buf, len(entries))
+    for entry in entries:
+        if not isinstance(entry, tuple) or len(entry) != 3:
+            raise ProtocolError(f"not an append entry: {type(entry).__name__}")
+        update, client_id, call = entry
+        if not isinstance(update, bytes) or type(call) is not str:
+            raise ProtocolError("an append entry holds bytes and a str call id")
+        _var_uint(buf, client_id)
+        if call:
+            try:
+                text = call.encode()
+            except UnicodeEncodeError:
+                raise ProtocolError("a call id is not encodable as UTF-8") from None
+            _var_uint(buf, len(text))
+            buf += text
+        else:
+            buf.append(0)
+        _var_uint(buf, len(update))
+        buf += update
+    return bytes(buf)
+
+
+def _encode_appended(message: Appended) -> bytes:
+    seqs = message.result
+    if not isinstance(seqs, list) or message.error is not None:
+        raise ProtocolError("an appended frame has a list of positions")
+    buf = bytearray(b"\x64\x04")  # varUint(100) • varUint(APPENDED)
+    _var_uint(buf, message.id)
+    _var_uint(buf, len(seqs))
+    for seq in seqs:
+        _var_uint(buf, seq)
+    return bytes(buf)
+
+
+def _decode_append(frame: bytes) -> Append:
+    """The append frame ``frame`` (after its two type bytes, ``100 • 3``)."""
+    data = bytes(frame)
+    request_id, pos = read_var_uint_at(data, 2)
+    flags, pos = read_var_uint_at(data, pos)
+    if flags & ~_DURABLE:
+        raise ProtocolError(f"unknown append flags {flags:#x}")
+    count, pos = read_var_uint_at(data, pos)
+    end = len(data)
+    # each entry takes at least 3 bytes: refuse a count the frame cannot hold before looping
+    if count > (end - pos) // 3:
+        raise ProtocolError(f"append frame claims {count} entries in {end - pos} bytes")
+    entries = []
+    for _ in range(count):
+        client_id, pos = read_var_uint_at(data, pos)
+        n, pos = read_var_uint_at(data, pos)
+        call = ""
+        if n:
+            if pos + n > end:
+                raise ProtocolError("a call id runs past the end of the frame")
+            try:
+                call = data[pos : pos + n].decode()
+            except UnicodeDecodeError:
+                raise ProtocolError("a call id is not valid UTF-8") from None
+            pos += n
+        n, pos = read_var_uint_at(data, pos)
+        if pos + n > end:
+            raise ProtocolError(f"an update of {n} bytes runs past the end of the frame")
+        entries.append(AppendEntry(data[pos : pos + n], client_id, call))
+        pos += n
+    if pos != end:
+        raise ProtocolError(f"{end - pos} trailing bytes after the Append")
+    return Append.of(request_id, tuple(entries), flags == _DURABLE)
+
+
+def _decode_appended(frame: bytes) -> Appended:
+    """The appended frame ``frame`` (after its two type bytes, ``100 • 4``)."""
+    data = bytes(frame)
+    request_id, pos = read_var_uint_at(data, 2)
+    count, pos = read_var_uint_at(data, pos)
+    end = len(data)
+    if count > end - pos:  # (a position takes at least one byte)
+        raise ProtocolError(f"appended frame claims {count} positions in {end - pos} bytes")
+    seqs = []
+    for _ in range(count):
+        seq, pos = read_var_uint_at(data, pos)
+        seqs.append(seq)
+    if pos != end:
+        raise ProtocolError(f"{end - pos} trailing bytes after the Appended")
+    return Appended.of(request_id, seqs)
+
+
 def _parse_json(text: str, what: str) -> Any:
     # pydantic-core's parser bounds nesting depth (no RecursionError) and, unlike json.loads,
     # can refuse NaN/Infinity, which JSON (and JavaScript's JSON.parse) does not have.
@@ -397,6 +582,14 @@ def decode(frame: bytes, *, max_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> Message
                 return Update(bytes(frame[3:]))
         elif frame[3] and frame[3] < 0x80 and size == 4 + ((first & 0x7F) | (frame[3] << 7)):
             return Update(bytes(frame[4:]))
+    if size > 1 and frame[0] == MessageType.CRDTSTORE:
+        try:
+            if frame[1] == ExtensionType.APPEND:
+                return _decode_append(frame)
+            if frame[1] == ExtensionType.APPENDED:
+                return _decode_appended(frame)
+        except CodecError as exc:
+            raise ProtocolError(exc.reason) from None
     try:
         dec = Decoder(frame)
         kind = dec.read_var_uint()
