@@ -37,7 +37,7 @@ import anyio
 import anyio.to_thread
 
 from ..._errors import BackendError, LeaseLost
-from ..._leases._backend import TableBackend
+from ..._leases._backend import Outcome, ReleaseArgs, RequestArgs, TableBackend
 from ..._leases._clock import Clock, Proc, ProcessProbe, SystemClock
 from ..._leases._engine import Req, Table, fence_error
 from ..._leases._models import LeaseState
@@ -448,6 +448,19 @@ class SQLiteLeases(TableBackend):
             self.on_change()
         if error is not None:
             raise error
+
+    # the two transitions of an uncontended acquire+release take the table's fast paths
+
+    def _request_tx(self, t: Table, args: RequestArgs) -> Outcome:
+        if t.reqs:
+            return TableBackend._request_tx(self, t, args)
+        now, boot = self.clock.now(), self.clock.boot_id()
+        return t.request_alone(*args[:6], now, boot, args[7]), None, False  # wakes nobody
+
+    def _release_tx(self, t: Table, args: ReleaseArgs) -> Outcome:
+        if t.release_only(*args, self.clock.now(), self.clock.boot_id(), self.probe):
+            return None, None, False
+        return TableBackend._release_tx(self, t, args)
 
     async def _retry(self, fn: Callable[[Table, A], T], arg: A) -> T:
         """Retry while another connection holds the write lock, sleeping between attempts."""
