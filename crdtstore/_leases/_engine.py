@@ -263,6 +263,74 @@ class Table:
             raise held
         return r, new
 
+    # -- the fast paths of an uncontended acquire+release --------------------------------------
+
+    def request_alone(
+        self,
+        tenant: str,
+        owner: str,
+        resources: tuple[str, ...],
+        ttl: float,
+        key: tuple[str, int] | None,
+        proc: Proc,
+        now: float,
+        boot: str,
+        wall: float,
+    ) -> LeaseState:
+        """A request on an empty table, granted at once: what reap, :meth:`request`,
+        :meth:`grant` and :meth:`state_of` decide there (nothing to reap, re-attach to or wait
+        behind), in one step. The caller checks that the table is empty."""
+        rank, token, expires = self.next_rank, self.next_token, now + ttl
+        lease_id = _id_bits(64).to_bytes(8, "big").hex()
+        step, attempt = key if key is not None else (None, None)
+        self.reqs[rank] = Req(
+            rank, lease_id, tenant, owner, step, attempt, resources, "granted", token, ttl, proc,
+            True, wall, boot, now, now, expires,
+        )  # fmt: skip
+        self.next_rank, self.next_token = rank + 1, token + 1
+        self.meta_dirty = True
+        self.dirty.add(rank)
+        return lease_state(
+            {
+                "lease_id": lease_id, "rank": rank, "owner": owner, "resources": resources,
+                "state": "granted", "token": token, "ttl": ttl, "expires_in": expires - now,
+                "key": None if step is None or attempt is None else (step, attempt),
+                "wake_in": None, "watch_pids": (),
+            }
+        )  # fmt: skip
+
+    def release_only(
+        self,
+        tenant: str,
+        lease_id: str,
+        owner: str,
+        token: int | None,
+        now: float,
+        boot: str,
+        probe: ProcessProbe,
+    ) -> bool:
+        """The release of the table's only request, a live grant: what reap, :meth:`release`
+        and :meth:`grant` decide there (nothing to reap, nobody to hand off to). False, with
+        nothing changed, for anything else: the caller then takes the general path."""
+        if len(self.reqs) != 1:
+            return False
+        (r,) = self.reqs.values()
+        if (
+            r.id != lease_id
+            or r.tenant != tenant
+            or r.owner != owner
+            or r.state != "granted"
+            or (token is not None and token != r.token)
+            or r.clock_boot != boot
+            or r.expires <= now
+            or (r.acked and r.proc is not None and probe.is_dead(r.proc))
+        ):
+            return False
+        self.reqs.clear()
+        self.dirty.discard(r.rank)
+        self.removed.add(r.rank)
+        return True
+
     def _conflict(self, r: Req) -> LeaseHeld:
         mine = set(r.resources)
         for other in sorted(self.reqs.values(), key=lambda o: (o.state != "granted", o.rank)):

@@ -37,7 +37,7 @@ import anyio
 import anyio.to_thread
 
 from ..._errors import BackendError, LeaseLost
-from ..._leases._backend import TableBackend
+from ..._leases._backend import Outcome, ReleaseArgs, RequestArgs, TableBackend
 from ..._leases._clock import Clock, Proc, ProcessProbe, SystemClock
 from ..._leases._engine import Req, Table, fence_error
 from ..._leases._models import LeaseState
@@ -226,8 +226,24 @@ def _insert_for(
     return got
 
 
-def _insert_args(r: Req, t: Table, if_dv: bool) -> tuple[str, tuple[Any, ...]]:
+def _insert_args(r: Req, t: Table, dv: int | None) -> tuple[str, tuple[Any, ...]]:
+    """The INSERT of ``r``'s row and its values (with ``dv``: written only while data_version
+    is ``dv``, the last value)."""
     p = r.proc
+    if (
+        dv is not None
+        and p is not None
+        and r.step is None
+        and r.attempt is None
+        and r.token is not None
+        and r.granted_at is not None
+    ):
+        # the row of every uncontended acquire, a grant without a key, held by a process
+        return _INSERT_GRANT, (
+            r.rank, r.id, r.tenant, r.owner, _resources_json(r.resources), r.state, r.token,
+            r.ttl, p.host, p.boot, p.pid, p.start, int(r.acked), r.created, r.clock_boot,
+            r.requested, r.granted_at, r.expires, t.next_rank, t.next_token, dv,
+        )  # fmt: skip
     row = (
         r.rank, r.id, r.tenant, r.owner, r.step, r.attempt, _resources_json(r.resources), r.state,
         r.token, r.ttl, p.host if p else None, p.boot if p else None, p.pid if p else None,
@@ -238,14 +254,18 @@ def _insert_args(r: Req, t: Table, if_dv: bool) -> tuple[str, tuple[Any, ...]]:
     for i in _NULLABLE:
         if row[i] is None:
             nulls |= 1 << i
-    if not nulls and not if_dv:
+    if not nulls and dv is None:
         return _INSERT, row
-    sql, pick = _insert_for(nulls, if_dv)
-    return sql, pick(row)
+    sql, pick = _insert_for(nulls, dv is not None)
+    return sql, pick(row) if dv is None else (*pick(row), dv)
+
+
+# step and attempt NULL (see _insert_args)
+_INSERT_GRANT = _insert_for(1 << 4 | 1 << 5, True)[0]
 
 
 def _insert(db: sqlite3.Connection | sqlite3.Cursor, r: Req, t: Table) -> None:
-    db.execute(*_insert_args(r, t, False))
+    db.execute(*_insert_args(r, t, None))
 
 
 def save_table(db: sqlite3.Connection | sqlite3.Cursor, t: Table) -> None:
@@ -449,6 +469,19 @@ class SQLiteLeases(TableBackend):
         if error is not None:
             raise error
 
+    # the two transitions of an uncontended acquire+release take the table's fast paths
+
+    def _request_tx(self, t: Table, args: RequestArgs) -> Outcome:
+        if t.reqs:
+            return TableBackend._request_tx(self, t, args)
+        now, boot = self.clock.now(), self.clock.boot_id()
+        return t.request_alone(*args[:6], now, boot, args[7]), None, False  # wakes nobody
+
+    def _release_tx(self, t: Table, args: ReleaseArgs) -> Outcome:
+        if t.release_only(*args, self.clock.now(), self.clock.boot_id(), self.probe):
+            return None, None, False
+        return TableBackend._release_tx(self, t, args)
+
     async def _retry(self, fn: Callable[[Table, A], T], arg: A) -> T:
         """Retry while another connection holds the write lock, sleeping between attempts."""
         deadline = time.monotonic() + BUSY_TIMEOUT
@@ -491,8 +524,7 @@ class SQLiteLeases(TableBackend):
                 dirty, removed = t.dirty, t.removed
                 if self._one_statement and len(dirty) + len(removed) == 1:
                     if dirty:
-                        sql, args = _insert_args(t.reqs[next(iter(dirty))], t, True)
-                        args = (*args, self._cached_dv)
+                        sql, args = _insert_args(t.reqs[next(iter(dirty))], t, self._cached_dv)
                     else:
                         sql = _RETIRE_IF_DV
                         args = (t.next_rank, t.next_token, next(iter(removed)), self._cached_dv)
