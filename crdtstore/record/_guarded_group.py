@@ -266,13 +266,20 @@ class GuardedGroups(WritePipeline):
                 if now_seq != based_on.seq:
                     scope = None if based_on.scope == "*" else based_on.scope
                     raise StaleVersion(scope or "*", None, based_on.seq, now_seq)
-            usage = self._enforce(w.ops, conditional=True) if self._specs else None
+            ops = w.ops
+            usage = self._enforce(ops, conditional=True) if self._specs else None
+            replica = self.replica
             try:
-                update = self.replica.local(w.ops, w.apply, w.meta)
+                if len(ops) == 1 and ops[0][0] == "map" and ops[0][2] == "set":
+                    # one map set (``apply`` does what the op says): straight to yrs, as a
+                    # plain write's, without pycrdt's Python frames
+                    update = replica.local_set(replica.root(ops[0][1], "map"), ops, w.meta)
+                else:
+                    update = replica.local(ops, w.apply, w.meta)
             except BaseException:
-                partial, self.replica.partial_update = self.replica.partial_update, None
+                partial, replica.partial_update = replica.partial_update, None
                 if partial is not None:  # applied in part: journaled (no rollback)
-                    self._enqueue(partial, w.ops, w.meta)
+                    self._enqueue(partial, ops, w.meta)
                 raise
             finally:
                 self._account(usage)
