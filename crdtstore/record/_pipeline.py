@@ -117,7 +117,8 @@ class WritePipeline(JournalLink):
         ``ops`` are the write's ops and ``apply`` makes exactly the changes they describe. The
         hot path, a map set, passes no ``apply``: ``ops`` is then that one op alone
         (``["map", name, "set", key, stored]``, not in a list: inside a transaction no list
-        is made for it) and ``root`` its map, and the replica applies it straight
+        is made for it; the entry queued holds it as a 1-tuple of a tuple) and ``root`` its map,
+        and the replica applies it straight
         (:meth:`~._document.ReplicaDocument.local_set`, ``do_set``); ``size``, if not -1, is
         the stored value's ``value_size`` (which the budget check then need not compute)."""
         if self._state != "open" or self._failure is not None or self._read_only is not None:
@@ -147,7 +148,11 @@ class WritePipeline(JournalLink):
         if apply is None:
             if self._specs:
                 delta = self._enforce_set(ops, size)
-            ops = [ops]  # (one map set)
+            # (one map set) Tuples, not lists: this entry waits in the pending queue and
+            # the memory journal's newest rows, often long enough to reach the collector's
+            # oldest generation, whose full passes then rescan it; a tuple of atoms is
+            # untracked at the first pass it survives (the 1-tuple at the next one).
+            ops = (tuple(ops),)  # type: ignore[assignment]
         elif self._specs:
             usage = self._enforce(ops, conditional=False)
         # tuple.__new__ skips the namedtuple's Python-level __new__ (a third of a write's

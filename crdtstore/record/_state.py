@@ -83,6 +83,7 @@ class RecordState:
         self._tokens = 0
         self._collections: dict[tuple[str, str, Any], Any] = {}
         # (update, ops, meta) of local entries not yet journaled; entries are built at commit
+        # (a single map set's ops are a 1-tuple of a tuple: see WritePipeline._stage)
         self._pending: deque[tuple[bytes, _List[Op], Meta]] = deque()
         self._written = 0  # local entries made
         self._committed = 0  # local entries journaled
