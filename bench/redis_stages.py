@@ -75,39 +75,6 @@ def child(
                 return rows
 
             backend.append, backend.read = timed_append, timed_read
-            pipelined = getattr(backend, "append_pipelined", None)
-            if pipelined is not None:  # the committer's pipelined appends (sent, answered)
-
-                class Timed:
-                    def __init__(self, sent: Any, t0: int) -> None:
-                        self.sent, self.t0, self.t1 = sent, t0, 0
-                        self.mark = sent.mark
-                        sent.on_done(self.answered)
-
-                    def answered(self) -> None:
-                        self.t1 = now()
-
-                    def done(self) -> bool:
-                        return bool(self.sent.done())
-
-                    def on_done(self, callback: Any) -> None:
-                        self.sent.on_done(callback)
-
-                    async def wait(self) -> None:
-                        await self.sent.wait()
-
-                    def positions(self) -> list[int] | None:
-                        seqs: list[int] | None = self.sent.positions()
-                        if seqs:
-                            appends.append((self.t0, self.t1 or now(), seqs))
-                        return seqs
-
-                def timed_pipelined(tenant: str, run: str, entries: Any, after: Any) -> Any:
-                    t0 = now()
-                    sent = pipelined(tenant, run, entries, None if after is None else after.sent)
-                    return None if sent is None else Timed(sent, t0)
-
-                backend.append_pipelined = timed_pipelined
             tail = backend.tail
             if tail is not None:
                 handle = tail._handle

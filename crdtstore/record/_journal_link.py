@@ -17,9 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from builtins import list as _List
-from collections import deque
-from contextlib import nullcontext, suppress
-from itertools import islice
+from contextlib import nullcontext
 from typing import Any
 
 import anyio
@@ -48,10 +46,6 @@ log = logging.getLogger("crdtstore.record")
 # served on the event loop thread, without a hop to a worker thread and back per chunk
 # (which cost more CPU than the read itself on a loaded machine, bench/resume.py).
 LOAD_CHUNK = 256
-
-# Batches of one committer in flight at once where the backend pipelines appends (Redis):
-# the next one is sent while the one before awaits its answer.
-PIPELINE = 2
 
 _tuple_new = tuple.__new__
 
@@ -199,8 +193,6 @@ class JournalLink(Changes):
 
     async def _committer(self) -> None:
         backoff = 0.01
-        # (not for durable writes: each append waits for the disk on its own)
-        pipelined = self.durability != "durable" and hasattr(self._backend, "append_pipelined")
         while True:
             if not self._pending:
                 self._pending_event = anyio.Event()
@@ -216,14 +208,6 @@ class JournalLink(Changes):
                     continue
                 started = time.perf_counter()
                 try:
-                    if pipelined:
-                        if await self._commit_pipelined():
-                            backoff = 0.01
-                            self._failure = None
-                            continue
-                        batch = list(self._pending)  # (what the pipelined appends left)
-                        if not batch:
-                            continue
                     seqs = await self._backend.append(
                         self.tenant,
                         self._jrun,
@@ -258,78 +242,6 @@ class JournalLink(Changes):
                 if observer is not None:
                     observer("committer", len(seqs), time.perf_counter() - started)
                 del batch, seqs  # do not hold the last batch while idle
-
-    async def _commit_pipelined(self) -> bool:
-        """Append the pending entries in batches, each sent while the one before is in flight
-        (``PIPELINE`` at most), and commit each as its answer comes, in order: the backend
-        refuses a batch unless the one before it is in the journal (``append_pipelined``).
-        Returns True once nothing is pending or in flight; False when a batch could not be
-        sent or was refused (the rest is appended the usual way, which waits out a held
-        authority).
-
-        Raises:
-            CrdtStoreError: as the backend's ``append`` (for the oldest batch in flight).
-        """
-        # (looked up each time: a wrapper put on the backend after it opened is used too)
-        send: Any = getattr(self._backend, "append_pipelined", None)
-        if send is None:
-            return False
-        flight: deque[tuple[_List[Any], Any, float]] = deque()
-        taken = 0  # entries of _pending in flight
-        try:
-            while True:
-                pending = self._pending
-                if len(flight) < PIPELINE and len(pending) > taken:
-                    batch = list(islice(pending, taken, None))
-                    after = flight[-1][1] if flight else None
-                    sent = send(self.tenant, self._jrun, self._entries(batch), after)
-                    if sent is not None:
-                        flight.append((batch, sent, time.perf_counter()))
-                        taken += len(batch)
-                        continue
-                    if not flight:
-                        return False
-                if not flight:
-                    return True
-                batch, sent, started = flight[0]
-                if not sent.done():
-                    if len(flight) < PIPELINE:
-                        # its answer, or another write to send behind it, whichever first
-                        event = self._pending_event = anyio.Event()
-                        self._committer_idle = True
-                        sent.on_done(event.set)
-                        try:
-                            await event.wait()
-                        finally:
-                            self._committer_idle = False
-                    else:
-                        await sent.wait()
-                    continue
-                flight.popleft()
-                taken -= len(batch)
-                seqs = sent.positions()
-                if seqs is None:  # refused (nothing written): those behind it are refused too
-                    await self._settle_refused(flight)
-                    return False
-                self._mark_committed(batch, seqs)
-                observer = self._commit_observer
-                if observer is not None:
-                    observer("committer", len(seqs), time.perf_counter() - started)
-                del batch, seqs
-        except CrdtStoreError:
-            await self._settle_refused(flight)
-            raise
-
-    async def _settle_refused(self, flight: Any) -> None:
-        """Wait for the answers of the batches sent behind one that was refused or failed:
-        none is in the journal (its predecessor is not), and nothing else may be appended
-        before they are answered."""
-        for _, later, _ in flight:
-            await later.wait()
-            with suppress(CrdtStoreError):
-                if later.positions() is not None:  # pragma: no cover - the script's check
-                    log.error("a pipelined append landed after one that was not appended")
-        flight.clear()
 
     def _entries(self, batch: _List[tuple[bytes, _List[Op], Meta]]) -> _List[NewEntry]:
         cid, new, crc = self.replica.client_id, _tuple_new, checksum

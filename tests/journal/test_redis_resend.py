@@ -166,7 +166,7 @@ async def test_an_append_that_may_have_run_appends_only_what_did_not(
     assert await journal.head("t", "r") == 5
 
 
-async def test_pipelined_appends_whose_replies_are_lost_are_journaled_once(
+async def test_a_records_appends_whose_replies_are_lost_are_journaled_once(
     redis_server: RedisServer,
 ) -> None:
     import crdtstore

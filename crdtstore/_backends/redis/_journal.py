@@ -22,7 +22,6 @@ from ._client import Scripts, make_client, mapped, require_asyncio
 from ._guarded import append_guarded_at
 from ._keys import Keys, RunKeys, parse_url, redis_options
 from ._persistence import rewrite_files
-from ._pipelined import OrderedPipe, SentAppend, send_append
 from ._rows import entry_args, row_of, run_row
 from ._tail import Tail
 
@@ -82,7 +81,6 @@ class RedisJournal(JournalBackend):
         self._client: Any = None
         self._scripts: Any = None
         self._tail: Tail | None = None
-        self._pipe: OrderedPipe | None = None
         self._uncertain: dict[tuple[int, float, int], None] = {}  # see uncertain()
         self._wake: Callable[[str, str], None] = lambda tenant, run: None
         self._locks: dict[tuple[str, str], anyio.Lock] = {}  # this store's open authorities
@@ -120,7 +118,6 @@ class RedisJournal(JournalBackend):
 
         self._tail = Tail(connect, client, self._wake)
         self._tail.start()
-        self._pipe = OrderedPipe(client)
 
     @staticmethod
     async def _sync_mode(client: Any, info: dict[Any, Any], persistence: dict[Any, Any]) -> str:
@@ -138,14 +135,11 @@ class RedisJournal(JournalBackend):
 
     async def aclose(self) -> None:
         tail, self._tail = self._tail, None
-        pipe, self._pipe = self._pipe, None
         client, self._client = self._client, None
         self._scripts = None
         with anyio.CancelScope(shield=True):
             if tail is not None:
                 await tail.aclose()
-            if pipe is not None:
-                await pipe.aclose()
             if client is not None:
                 try:
                     await client.aclose()
@@ -421,17 +415,6 @@ class RedisJournal(JournalBackend):
         self._uncertain[_mark(entry)] = None
         while len(self._uncertain) > 1024:  # (an old one was appended again or given up)
             del self._uncertain[next(iter(self._uncertain))]
-
-    def append_pipelined(
-        self, tenant: str, run: str, entries: Sequence[NewEntry], after: SentAppend | None
-    ) -> SentAppend | None:
-        """Send the append of ``entries`` now, behind ``after`` (an append of this method
-        still in flight), without waiting for it (see ``_pipelined.py``). Returns the append
-        in flight, or None when it cannot be sent now (``append`` then)."""
-        local = self._locks.get((tenant, run))
-        if self._pipe is None or not entries or (local is not None and local.locked()):
-            return None
-        return send_append(self, self._pipe, tenant, run, entries, after)
 
     def _append_keys(self, keys: RunKeys) -> list[str]:
         return [

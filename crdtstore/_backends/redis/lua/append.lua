@@ -1,8 +1,7 @@
 -- Append entries to a run's journal at the next dense positions, atomically.
 -- KEYS[1] run hash, KEYS[2] journal stream, KEYS[3] key index, KEYS[4] authority lock,
 -- KEYS[5] the tenant's lease requests (one of them read by a fenced append)
--- ARGV[1] lock token ('' for a plain append), ARGV[2] expected head ('' for any; or '>client
--- wall crc': only after the entry with those fields, a pipelined append's predecessor), ARGV[3] n,
+-- ARGV[1] lock token ('' for a plain append), ARGV[2] expected head ('' for any), ARGV[3] n,
 -- ARGV[4] guard ('' none; JSON {seen, keys: [[collection, key]...], scopes: [...], fence:
 -- [lease id, token, resource, now ('' = this server's TIME), clock boot]}), then per entry:
 -- agent, source, client id, wall time, update, effect, crc, origin, call, k, and k index
@@ -24,31 +23,7 @@ elseif holder ~= token then
 end
 if state ~= 'open' then return {'closed', state} end
 local head = tonumber(redis.call('HGET', meta, 'head'))
-if string.byte(expect, 1) == 62 then
-  -- ('>') sent while the append before it was in flight, on the same connection: it ran
-  -- first, and this one follows it only if it was appended (else 'behind': nothing written,
-  -- the writer appends again in order); its last entry is among the newest few
-  local c, w, k = string.match(expect, '^>(%S+) (%S+) (%S+)$')
-  local found, from, left = false, '+', 32
-  while left > 0 and not found do
-    local got = redis.call('XREVRANGE', stream, from, '-', 'COUNT', left > 28 and 4 or left)
-    for _, e in ipairs(got) do
-      local f, fc, fw, fk = e[2], nil, nil, nil
-      for j = 1, #f, 2 do
-        local name = f[j]
-        if name == 'c' then fc = f[j + 1] elseif name == 'w' then fw = f[j + 1]
-        elseif name == 'k' then fk = f[j + 1] end
-      end
-      if fk == k and fc == c and fw == w then found = true break end
-    end
-    if #got == 0 then break end
-    left = left - #got
-    from = '(' .. got[#got][1]
-  end
-  if not found then return {'behind'} end
-elseif expect ~= '' and head ~= tonumber(expect) then
-  return {'moved', tostring(head)}
-end
+if expect ~= '' and head ~= tonumber(expect) then return {'moved', tostring(head)} end
 
 if ARGV[4] ~= '' then
   local g = cjson.decode(ARGV[4])
