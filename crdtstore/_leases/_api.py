@@ -218,15 +218,9 @@ class Leases:
             owner = default_owner()
         if type(owner) is not str or not 0 < len(owner) <= 256 or "\x00" in owner:
             owner = check_owner(owner)
-        return Lease(
-            self,
-            res,
-            ttl=ttl,
-            owner=owner,
-            wait=wait is True or bool(wait),
-            timeout=timeout,
-            key=None if key is None else check_key(key),
-        )
+        if key is not None:
+            key = check_key(key)
+        return Lease(self, res, ttl, owner, wait if wait is True else bool(wait), timeout, key)
 
 
 class Lease:
@@ -244,7 +238,6 @@ class Lease:
         self,
         leases: Leases,
         resources: tuple[str, ...],
-        *,
         ttl: float,
         owner: str,
         wait: bool,
@@ -309,7 +302,10 @@ class Lease:
             LeaseTimeout: the wait passed ``timeout``; the request was withdrawn.
         """
         leases = self._leases
-        backend = leases.backend
+        leases._check_open()
+        backend = leases._backend_or_none
+        if backend is None:
+            backend = leases.backend  # raises
         started = time.monotonic()
         watch = leases._watch
         if watch is None:
@@ -327,7 +323,11 @@ class Lease:
             await self._wait(backend, st, started, watch, event)
         now = time.monotonic()
         self.waited = now - started
-        leases._schedule_heartbeat(self, now + self.ttl / 3)
+        due = now + self.ttl / 3
+        if leases._scheduler and due >= leases._due_first:
+            leases._due[self] = due  # what _schedule_heartbeat does then, without the call
+        else:
+            leases._schedule_heartbeat(self, due)
         return self
 
     async def _wait(
@@ -418,26 +418,7 @@ class Lease:
             LeaseLost: it was lost while held (expired or reaped): the work done under it was
                 not exclusive, and fenced writes were refused.
         """
-        st = self.state
-        if self._released or st is None:
-            return
-        self._released = True
-        leases = self._leases
-        leases._due.pop(self, None)
-        if self._hb is not None:
-            self._hb.cancel()
-        backend = leases.backend
-        try:
-            # the release must run to the end even when our caller is being cancelled
-            if backend.shields_cleanup:
-                await backend.release(leases.tenant, st.lease_id, self.owner, st.token)
-            else:
-                with anyio.CancelScope(shield=True):
-                    await backend.release(leases.tenant, st.lease_id, self.owner, st.token)
-        except (LeaseNotFound, LeaseLost):
-            self._mark_lost("it was gone at release (expired or reaped)")
-        if self.lost:
-            raise LeaseLost(self.resources[0], self.lost_reason or "lost", st.token)
+        await self.__aexit__(None, None, None)
 
     __aenter__ = acquire  # the same coroutine: one less per ``async with``
 
@@ -447,12 +428,31 @@ class Lease:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        # release() itself (one coroutine less per ``async with``), except that a loss is not
+        # raised over the body's own error, which is the one to report (the loss is logged)
+        st = self.state
+        if self._released or st is None:
+            return
+        self._released = True
+        leases = self._leases
+        leases._due.pop(self, None)
+        if self._hb is not None:
+            self._hb.cancel()
+        leases._check_open()
+        backend = leases._backend_or_none
+        if backend is None:
+            backend = leases.backend  # raises
         try:
-            await self.release()
-        except LeaseLost:
-            if exc is None:
-                raise
-            # the body's own error is the one to report; the loss is logged
+            # the release must run to the end even when our caller is being cancelled
+            if backend.shields_cleanup:
+                await backend.release(leases.tenant, st.lease_id, self.owner, st.token)
+            else:
+                with anyio.CancelScope(shield=True):
+                    await backend.release(leases.tenant, st.lease_id, self.owner, st.token)
+        except (LeaseNotFound, LeaseLost):
+            self._mark_lost("it was gone at release (expired or reaped)")
+        if self.lost and exc is None:
+            raise LeaseLost(self.resources[0], self.lost_reason or "lost", st.token)
 
     def __repr__(self) -> str:
         state = "lost" if self.lost else (self.state.state if self.state else "new")
