@@ -246,11 +246,17 @@ async def test_lost_lease_raises_on_exit(url: str) -> None:
 
 async def test_a_lost_lease_does_not_hide_the_bodys_error(url: str) -> None:
     async with crdtstore.open_store(url) as store:
-        with pytest.raises(KeyError):
+        held = []
+
+        async def body() -> None:
             async with store.lease(["f1"], ttl=5, owner="A") as lease:
+                held.append(lease)
                 await store.leases.backend.cancel(store.tenant, lease.lease_id, "A")
                 raise KeyError("the body's")
-        assert lease.lost
+
+        with pytest.raises(KeyError):
+            await body()
+        assert held[0].lost
         explicit = await store.lease(["f1"], ttl=5, owner="A").acquire()
         await store.leases.backend.cancel(store.tenant, explicit.lease_id, "A")
         with pytest.raises(LeaseLost):
