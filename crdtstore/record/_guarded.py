@@ -81,9 +81,17 @@ class GuardedWrites(GuardedGroups):
             if _TXN.get() is self._txn_task:
                 raise InvalidValue("a guarded write cannot be part of rec.transaction()")
             await self._txn_idle.wait()
-        if isinstance(self._backend, RemoteJournal):
+        backend = self._backend
+        route = self.__dict__.get("_guard_route")
+        if route is None or route[0] is not backend:  # (the checks cost more than the write)
+            route = self.__dict__["_guard_route"] = (
+                backend,
+                isinstance(backend, RemoteJournal),
+                bool(getattr(backend, "guard_in_append", False)),
+            )
+        if route[1]:
             return await self._write_guarded_remote(name, key, expected, ops, based_on, fence)
-        atomic = self._atomic_backend(fence is not None)
+        atomic = self._atomic_backend(fence is not None) if route[2] else None
         if atomic is not None:
             seq = await self._write_guarded_atomic(
                 atomic, name, key, expected, ops, current, based_on, fence

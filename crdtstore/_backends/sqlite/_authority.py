@@ -180,8 +180,10 @@ class _SQLiteAuthority(Authority):
         effects = [_dumps(e.effect) for e in entries]
         self._head = None
         self._wrote = True
-        tenant, run, rid = self._tenant, self._run, self._rid
-        return self._now(lambda db: _append_tx(db, tenant, run, rid, entries, effects))
+        try:  # (what _now does, without a closure: once per guarded write)
+            return _append_tx(self._conn.db, self._tenant, self._run, self._rid, entries, effects)
+        except sqlite3.Error as exc:
+            raise _translated(exc) from exc
 
     async def append_last(self, entries: Sequence[NewEntry]) -> list[int]:
         seqs = await self.append(entries)
@@ -209,7 +211,10 @@ class _SQLiteAuthority(Authority):
                 if checkpoint:
                     await self._in_thread(_checkpoint)
             else:
-                self._now(lambda db: _commit(db, estimate if durable else None))
+                try:
+                    _commit(self._conn.db, estimate if durable else None)
+                except sqlite3.Error as exc:
+                    raise _translated(exc) from exc
         except BaseException:
             self.rollback()
             raise
