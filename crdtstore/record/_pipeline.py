@@ -133,7 +133,7 @@ class WritePipeline(JournalLink):
             if apply is None:  # ops: one map set
                 one = self._enforce_set(ops, size) if self._specs else None
                 self.replica.do_set(root, ops[1], ops[3], ops[4], txn_meta)
-                self._txn_ops.append(ops)
+                self._txn_ops.append(tuple(ops))  # type: ignore[arg-type]  # (untracked)
                 if one is not None:
                     apply_set(one)
                 return None

@@ -1,6 +1,7 @@
 """The pending queue of a single map set: its ops are tuples (once the cyclic GC has looked at
 them it stops tracking them, so a writer far ahead of the journal does not fill the oldest
-generation), and what it journals is what the general path journals for the same set."""
+generation), as are those of a set inside a transaction; and what they journal is what the
+general path journals for the same set."""
 
 from __future__ import annotations
 
@@ -46,6 +47,12 @@ async def test_pending_single_sets_of_scalars_are_untracked() -> None:
             assert not gc.is_tracked(ops) and not gc.is_tracked(ops[0])
             assert ops[0][:3] == ("map", "m", "set")
         assert gc.is_tracked(pending[50][1])  # (a container value keeps its op tracked)
+        async with rec.transaction():
+            for i in range(5):
+                await m.set(f"t{i}", i)
+        (_, ops, _) = rec._pending[-1]
+        gc.collect()
+        assert len(ops) == 5 and not any(gc.is_tracked(op) for op in ops)
         await rec.flush()
         assert not rec._pending
         assert [e.effect for e in await rec.journal(0, 100)][:2] == [
@@ -54,18 +61,20 @@ async def test_pending_single_sets_of_scalars_are_untracked() -> None:
         ]
 
 
-async def _journal(writes: list[tuple[str, Any]], single: bool) -> tuple[Any, ...]:
+async def _journal(writes: list[tuple[str, Any]], how: str) -> tuple[Any, ...]:
     async with (
         crdtstore.open_store("memory://") as store,
         store.open_record("r", "writer", "tool") as rec,
     ):
         m = rec.map("m")
         for key, value in writes:
-            if single:
+            if how == "set":
                 await m.set(key, value)
-            else:  # the general path: the op joins a transaction's list
+            elif how == "txn":  # the op joins the transaction's list
                 async with rec.transaction():
                     await m.set(key, value)
+            else:  # the general path: ops as the collections build them, and an apply
+                await m.update({key: value})
         await rec.flush()
         entries = await rec.journal(0, 10_000)
         rows = await store._backend.read(store.tenant, "r", 0)
@@ -80,8 +89,7 @@ async def _journal(writes: list[tuple[str, Any]], single: bool) -> tuple[Any, ..
 
 @given(writes=st.lists(st.tuples(_keys, _values), min_size=1, max_size=10))
 def test_single_sets_journal_what_the_general_path_journals(writes: Any) -> None:
-    single = anyio.run(_journal, writes, True)
-    general = anyio.run(_journal, writes, False)
-    assert single == general
+    single = anyio.run(_journal, writes, "set")
+    assert single == anyio.run(_journal, writes, "txn") == anyio.run(_journal, writes, "update")
     effects, rows, _, _ = single
     assert effects == rows == [[["map", "m", "set", k, v]] for k, v in writes]
