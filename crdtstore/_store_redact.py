@@ -173,7 +173,8 @@ def rewrite_rows(
             mark,
             blanked > 0,
         )
-        if blanked or effect != row.effect:
+        # (ops compared as lists: a backend may hold them as tuples, memory:// does)
+        if blanked or [list(op) for op in effect] != [list(op) for op in row.effect]:
             out.append(row._replace(update=update, effect=effect, checksum=checksum(update)))
     return out
 

@@ -294,3 +294,23 @@ async def test_a_span_typed_in_pieces_leaves_none_of_them_in_the_effects() -> No
                 assert piece.encode() not in e.update and piece not in str(e.effect), e
         async with store.open_record(run="r", agent="c", create=False) as rec:
             assert rec.text("t").read() == "id: ; ok"
+
+
+def test_rows_that_did_not_hold_the_value_are_not_rewritten() -> None:
+    # memory:// keeps a single set's ops as tuples: an untouched row compares equal still
+    from crdtstore._journal import Row, checksum
+    from crdtstore._store_redact import marker, rewrite_rows
+    from crdtstore.codec import KeyIndex
+
+    doc = Doc()
+    doc["m"] = m = Map()
+    m["other"] = "kept"
+    update = doc.get_update()
+    effect = (("map", "m", "set", "other", "kept"),)
+    row = Row(1, "a", "tool", 7, 1.0, update, effect, checksum(update))  # type: ignore[arg-type]
+    index = KeyIndex()
+    mark = marker("a", "why", 2.0)
+    assert rewrite_rows([row], index, "map", "m", "k", [], "secret", mark) == []
+    hit = row._replace(effect=(("map", "m", "set", "k", "secret"),))
+    (out,) = rewrite_rows([hit], index, "map", "m", "k", [], "secret", mark)
+    assert "secret" not in repr(out.effect)
