@@ -9,6 +9,8 @@ with damaged entries, from nothing and from a snapshot, and with groups delivere
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from hypothesis import example, given
@@ -57,6 +59,11 @@ _steps = st.lists(
 )
 
 
+def _set_two(k: str, v: Any, k2: str, v2: Any, root: Any) -> None:
+    root[k] = v
+    root[k2] = v2
+
+
 def _journal(steps: list[tuple[int, int, Op]], corrupt: set[int]) -> list[Row]:
     """Rows written by three replicas that see each other's entries only as far as each step
     says; rows whose position is in ``corrupt`` get a wrong checksum."""
@@ -76,17 +83,14 @@ def _journal(steps: list[tuple[int, int, Op]], corrupt: set[int]) -> list[Row]:
         if op.action == "pair":
             k, v, k2, v2 = op.args
             effect: list[Any] = [["map", op.name, "set", k, v], ["map", op.name, "set", k2, v2]]
-
-            def mutate(root: Any, k: str = k, v: Any = v, k2: str = k2, v2: Any = v2) -> None:
-                root[k] = v
-                root[k2] = v2
+            mutate: Callable[[Any], None] = partial(_set_two, k, v, k2, v2)
         else:
             plan = _plan(op, rep.read(op.name, op.kind))
             if plan is None:
                 continue
             effect, mutate = plan
         meta = Meta(AGENTS[w], "tool", 1000.0 + n, None)
-        update = rep.local(effect, lambda mutate=mutate, root=root: mutate(root), meta)
+        update = rep.local(effect, partial(mutate, root), meta)
         assert update is not None
         seq = len(rows) + 1
         crc = checksum(update) ^ (1 if seq in corrupt else 0)
@@ -190,7 +194,7 @@ def test_a_concurrent_write_that_loses_keeps_the_earlier_provenance() -> None:
         root = rep.root("m", "map")
         update = rep.local(
             effect,
-            lambda root=root, value=value: root.__setitem__("k", value),
+            partial(root.__setitem__, "k", value),
             Meta("a", "t", 1.0, None),
         )
         assert update is not None
