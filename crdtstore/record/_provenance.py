@@ -255,6 +255,8 @@ class _Settled:
         time, so that the old keys are never all Python objects at once: their peak would
         stay in the process as free pools of the allocator (see ``bench/memory.py``).
         """
+        if not new:
+            return
         ordered = sorted(new)  # (code point order is the UTF-8 byte order)
         if not self.seqs:  # (a load's one packing)
             self._set(
@@ -263,8 +265,13 @@ class _Settled:
             )
             return
         blob, offs, seqs, n = self._blob, self._offs, self.seqs, len(self.seqs)
+        # the run's typecodes, unless what comes in does not fit them (then 8 bytes, for good)
+        if seqs.typecode == "I" and not (min(new.values()) >= 0 and max(new.values()) < 1 << 32):
+            seqs = array("q", seqs)
+        if offs.typecode == "I" and len(blob) + 4 * sum(map(len, ordered)) >= 1 << 32:
+            offs = array("q", offs)  # (a UTF-8 key takes at most 4 bytes a character)
         pieces: list[bytes] = []
-        out_offs, out_seqs = array("q", [0]), array("q")
+        out_offs, out_seqs = array(offs.typecode, [0]), array(seqs.typecode)
         j = 0  # the first new key not taken in yet
         for start in range(0, n, _CHUNK):
             stop = min(start + _CHUNK, n)
@@ -288,13 +295,13 @@ class _Settled:
                     )
                 )
                 keys = sorted(combined)
-                chunk_seqs = array("q", map(combined.__getitem__, keys))
+                chunk_seqs = array(out_seqs.typecode, map(combined.__getitem__, keys))
             pieces.append(b"".join(keys))
             out_offs.extend(islice(accumulate(map(len, keys), initial=out_offs[-1]), 1, None))
-            out_seqs.extend(iter(chunk_seqs))  # (iter: the run's may be another typecode)
+            out_seqs.extend(chunk_seqs)
         self._blob = b"".join(pieces)
-        self._offs = _compact(out_offs)
-        self.seqs = _compact(out_seqs)
+        self._offs = out_offs
+        self.seqs = out_seqs
 
 
 _CHUNK = 4096  # old keys of a settled run that its merge holds as objects at a time
