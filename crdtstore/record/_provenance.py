@@ -480,6 +480,12 @@ class ProvenanceIndex:
             self.settle_min, len(settled) // 2 if settled is not None else 0
         )
 
+    def settled_seq(self, collection: str, key: str) -> int | None:
+        """The journal position packed for ``collection[key]`` (None if none: its entry, if
+        any, is in :attr:`index`, which comes first)."""
+        settled = self._settled.get(collection)
+        return None if settled is None else settled.get(key)
+
     def meta(self, collection: str, key: str) -> Meta | None:
         """The provenance of the current value of ``collection[key]`` (None if unknown)."""
         keys = self.index.get(collection)

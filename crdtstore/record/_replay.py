@@ -137,6 +137,8 @@ class JournalReplay(ReplicaDocument):
                     for op in effect:
                         if op[0] == "map":
                             named = index.get(op[1], _NO_KEYS).get(op[3])
+                            if named is None:  # (settled: packed, out of the dict)
+                                named = self.settled_seq(op[1], op[3])
                             if (
                                 named is not None
                                 and (type(named) is not int or named > seq)
