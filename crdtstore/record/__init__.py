@@ -23,7 +23,8 @@ tests/project/test_import_graph.py) and crdtstore's lower layers (``_journal``, 
     _maps, _collections   handles; they use the record only through CollectionHost
     _replica        Replica
       _external       foreign updates and their effect (with _effects)
-      _replay         journal entries applied (opening, compaction); BulkLoad, tree_merge
+      _replay         journal entries applied (opening, compaction); tree_merge
+      _bulk_load      BulkLoad: many entries applied at once, each key resolved once
       _document       the Doc, the registry, local transactions (the pycrdt fast path)
       _item_provenance  who brought each list item and text span (item id ranges)
         _text_ids       the exact item id of a text's character (block starts)
@@ -38,6 +39,7 @@ and ``append_updates(...)`` (:mod:`._foreign`), ``commit_on_loop()`` (:mod:`._lo
 ``reset_position()`` (:mod:`._journal_link`) and ``Store.notifier``.
 """
 
+from ._bulk_load import BulkLoad as BulkLoad
 from ._changes import ChangeStream as ChangeStream
 from ._collections import CollectionHost as CollectionHost
 from ._collections import ListCollection as ListCollection
@@ -51,7 +53,6 @@ from ._maps import KeepAllMap as KeepAllMap
 from ._maps import MapCollection as MapCollection
 from ._provenance import Writer as Writer
 from ._record import Record as Record
-from ._replay import BulkLoad as BulkLoad
 from ._replay import tree_merge as tree_merge
 from ._replica import Replica as Replica
 from ._view import ScopedMap as ScopedMap

@@ -27,8 +27,8 @@ import crdtstore
 from crdtstore import InvalidValue
 from crdtstore._journal import Row, checksum
 from crdtstore._store import DEFAULT_AUTO_COMPACT
+from crdtstore.record._bulk_load import BulkLoad
 from crdtstore.record._provenance import Meta
-from crdtstore.record._replay import BulkLoad
 from crdtstore.record._replica import Replica
 from tests._wait import until
 
