@@ -21,7 +21,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from crdtstore._backends.sqlite import SQLiteJournal, SQLiteLeases
-from crdtstore._backends.sqlite._leases import _CREATE, _INSERT_GRANT, _insert_args, load_table
+from crdtstore._backends.sqlite._lease_rows import _CREATE, _INSERT_GRANT, _insert_args, load_table
 from crdtstore._leases import FakeClock, Proc, _engine
 from crdtstore._leases._backend import TableBackend
 from crdtstore._leases._conformance import FakeProbe

@@ -29,8 +29,8 @@ from hypothesis import strategies as st
 import crdtstore
 from crdtstore import BackendError, InvalidResource, LeaseHeld, LeaseLost, LeaseNotFound
 from crdtstore._backends.sqlite import SQLiteJournal, SQLiteLeases
-from crdtstore._backends.sqlite._leases import _CREATE as CREATE
-from crdtstore._backends.sqlite._leases import FORMAT_ROW, TABLE, load_table
+from crdtstore._backends.sqlite._lease_rows import _CREATE as CREATE
+from crdtstore._backends.sqlite._lease_rows import FORMAT_ROW, TABLE, load_table
 from crdtstore._leases import FakeClock, Proc, SystemClock, this_proc
 from crdtstore._leases._conformance import FakeProbe
 from crdtstore._leases._engine import Table

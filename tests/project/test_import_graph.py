@@ -228,6 +228,7 @@ RECORD_LAYERS = [
     "_replica",
     "_external",
     "_effects",
+    "_bulk_load",
     "_replay",
     "_document",
     "_item_provenance",

@@ -14,7 +14,7 @@ from urllib.parse import unquote
 
 import anyio
 
-from ..._errors import BackendError, InvalidValue, RunClosed, UnknownRun
+from ..._errors import BackendError, InvalidValue, UnknownRun
 from ..._guarded_append import Guard
 from ..._journal import Authority, JournalBackend, NewEntry, Row, RunRow, SnapshotRow
 from ._authority import Backoff, RedisAuthority
@@ -22,7 +22,7 @@ from ._client import Scripts, make_client, mapped, require_asyncio
 from ._guarded import append_guarded_at
 from ._keys import Keys, RunKeys, parse_url, redis_options
 from ._persistence import rewrite_files
-from ._rows import entry_args, row_of, run_row
+from ._rows import entry_args, first_appended, row_of, run_row
 from ._tail import Tail
 
 log = logging.getLogger("crdtstore.redis")
@@ -427,22 +427,7 @@ class RedisJournal(JournalBackend):
 
     def _appended(self, tenant: str, run: str, keys: RunKeys, got: Sequence[bytes]) -> int:
         """The first position of an append script's answer (or its refusal, raised)."""
-        kind = got[0]
-        if kind == b"ok":
-            return int(got[1])
-        if kind == b"unknown":
-            raise UnknownRun(tenant, run)
-        if kind == b"closed":
-            raise RunClosed(tenant, run, got[1].decode())
-        if kind == b"lost":
-            raise BackendError(
-                "redis",
-                f"the authority of run {run!r} lost its lock (silent for more than "
-                f"{self.url.lock_ttl:g} s); nothing of it was written",
-            )
-        if kind == b"moved":
-            raise BackendError("redis", f"the journal of run {run!r} moved under its authority")
-        raise BackendError("redis", f"append: unexpected answer {got!r}")
+        return first_appended(tenant, run, got, self.url.lock_ttl)
 
     async def _read_rows(
         self, keys: RunKeys, after: int, limit: int, skip_client: int, lock_token: str = ""

@@ -1,7 +1,8 @@
 """Journal entries as the stream holds them: the fields an append writes (:func:`entry_args`,
 the append script's arguments) and the :class:`~crdtstore._journal.Row` a stream entry reads
 back as (:func:`row_of`), shared by the journal, its guarded appends and its stream read; and
-the :class:`~crdtstore._journal.RunRow` of a run's hash (:func:`run_row`)."""
+the :class:`~crdtstore._journal.RunRow` of a run's hash (:func:`run_row`); the first position
+an append script answers, or its refusal (:func:`first_appended`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from ..._errors import BackendError, RunClosed, UnknownRun
 from ..._journal import NewEntry, Row, RunRow
 
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
@@ -72,3 +74,23 @@ def run_row(tenant: str, run: str, v: Sequence[Any]) -> RunRow:
         _text(v[4]) or "open",
         float(v[5]) if v[5] else None,
     )
+
+
+def first_appended(tenant: str, run: str, got: Sequence[bytes], lock_ttl: float) -> int:
+    """The first position of an append script's answer (or its refusal, raised)."""
+    kind = got[0]
+    if kind == b"ok":
+        return int(got[1])
+    if kind == b"unknown":
+        raise UnknownRun(tenant, run)
+    if kind == b"closed":
+        raise RunClosed(tenant, run, got[1].decode())
+    if kind == b"lost":
+        raise BackendError(
+            "redis",
+            f"the authority of run {run!r} lost its lock (silent for more than "
+            f"{lock_ttl:g} s); nothing of it was written",
+        )
+    if kind == b"moved":
+        raise BackendError("redis", f"the journal of run {run!r} moved under its authority")
+    raise BackendError("redis", f"append: unexpected answer {got!r}")
