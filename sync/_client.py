@@ -18,11 +18,6 @@ One connection per run, with the subprotocol ``crdtstore``: the hub sends it no 
 (their content may not be journaled yet), only pushes when the journal head moves. The
 connection, its reconnects and the exchange after each one: :mod:`sync._link`. Works on
 asyncio and trio. What a hub refuses or does not support: :class:`WsJournal`.
-
-Appends go as binary append frames (:class:`~sync._messages.Append`: the update bytes as they
-are, no JSON or base64) to a hub whose ``whoami`` lists ``journal.append`` in ``frames``,
-asked once per connection (a connection may move to another hub, of another version); to any
-other hub as the JSON ``journal.append``.
 """
 
 from __future__ import annotations
@@ -38,13 +33,11 @@ from urllib.parse import quote, unquote, urlsplit
 import anyio
 from anyio.abc import TaskGroup
 from pydantic import JsonValue
-from websockets.exceptions import ConnectionClosed
 
 from crdtstore import (
     BackendError,
     CompactionResult,
     InvalidValue,
-    ReadOnlyAccess,
     StoreClosed,
     UnknownRun,
     UnsupportedOperation,
@@ -62,10 +55,10 @@ from crdtstore.backend import (
     check_name,
 )
 
-from ._errors import ProtocolError
-from ._lease_rpc import RemoteLeases, error_from_info
-from ._link import _EMPTY_UPDATES, _ConnectionLost, _Link, _Waiter
-from ._messages import APPEND_OP, Append, AppendEntry, encode
+from ._client_append import append_chunk
+from ._frames import APPEND_OP
+from ._lease_rpc import RemoteLeases
+from ._link import _EMPTY_UPDATES, _ConnectionLost, _Link
 from ._redact_rpc import forget_redacted, request_redact
 from ._rows import _entry_json, _row, _run_row
 
@@ -123,9 +116,10 @@ class WsJournal(JournalBackend, RemoteJournal):
     next call instead of reconnecting; a write through a read-only token fails with
     :class:`crdtstore.ReadOnlyAccess` (final: the record stops journaling, as for a closed run).
 
-    **Appends** go as binary append frames to a hub that takes them (see the module
-    docstring); ``append_frames = False`` sends the JSON ``journal.append`` as clients before
-    the frame did (``appends_framed`` counts the frames sent).
+    **Appends** go as binary append frames (no JSON or base64) to a hub whose ``whoami``
+    lists ``journal.append`` in ``frames``, asked once per connection, else as JSON (see
+    :mod:`sync._client_append`); ``append_frames = False`` sends the JSON ``journal.append``
+    as clients before the frame did (``appends_framed`` counts the frames sent).
 
     **Redaction** (``store.redact``) is done by the hub on its store, as the token's agent,
     for a token with the ``redact`` right (else ``Forbidden``): see :mod:`sync._ops_redact`.
@@ -433,100 +427,7 @@ class WsJournal(JournalBackend, RemoteJournal):
         return seqs
 
     async def _append_chunk(self, run: str, chunk: list[NewEntry], durable: bool) -> list[int]:
-        # A lost connection is waited out (up to offline_timeout) and the append sent again:
-        # the hub does not journal twice what it already holds, and the record's writers see
-        # no failure for a hub restart.
-        link = await self._link(self.tenant, run)
-        deadline = anyio.current_time() + self.offline_timeout
-        while True:
-            try:
-                got = await self._append_once(link, chunk, durable, deadline)
-                break
-            except _ConnectionLost as exc:
-                if anyio.current_time() >= deadline:
-                    raise BackendError(
-                        "ws", f"{exc}; the hub did not come back within {self.offline_timeout:g} s"
-                    ) from None
-        if not isinstance(got, list) or len(got) != len(chunk):
-            raise BackendError("ws", f"malformed journal.append answer {got!r}")
-        seqs = [int(s) for s in got]  # type: ignore[arg-type]
-        if seqs:
-            link.saw(max(seqs))
-        for seq, entry in zip(seqs, chunk, strict=True):
-            link.mark(seq, entry.checksum)  # the hub journals the bytes as sent (or found them so)
-        return seqs
-
-    async def _append_once(
-        self, link: _Link, chunk: list[NewEntry], durable: bool, deadline: float
-    ) -> JsonValue:
-        """One ``journal.append`` of ``chunk``: an append frame when the hub of the open
-        connection takes them (asked once per connection), else the JSON op."""
-        while self.append_frames:
-            await link.ready(max(0.0, deadline - anyio.current_time()))
-            known = self._frames.get(link.run)
-            if known is None or known[0] is not link.session:
-                await self._whoami(link, max(0.0, deadline - anyio.current_time()))
-                continue
-            if known[1]:
-                return await self._call_frame(link, chunk, durable, deadline)
-            break
-        params: dict[str, JsonValue] = {
-            "entries": [_entry_json(e) for e in chunk],
-            "durable": durable,
-        }
-        return await link.call(APPEND_OP, params, max(0.0, deadline - anyio.current_time()))
-
-    async def _call_frame(
-        self, link: _Link, chunk: list[NewEntry], durable: bool, deadline: float
-    ) -> JsonValue:
-        """``link.call(journal.append)`` sent as an append frame on the open connection: the
-        same waiting, timeout and errors (see ``_Link.call``)."""
-        ws, session = link.ws, link.session
-        assert ws is not None
-        assert session is not None
-        try:  # the request id, pending in the session (its JSON frame is not sent)
-            request, _ = session.request(APPEND_OP)
-            frame = encode(
-                Append.of(
-                    int(request.id),
-                    tuple(AppendEntry(e.update, e.client_id, e.call) for e in chunk),
-                    durable,
-                )
-            )
-        except ProtocolError as exc:
-            raise BackendError("ws", str(exc)) from None
-        self.appends_framed += 1
-        waiter = link.waiters[request.id] = _Waiter()
-        with anyio.move_on_after(max(0.0, deadline - anyio.current_time())) as waiting:
-            try:
-                await ws.send(frame)
-            except ConnectionClosed:
-                link.waiters.pop(request.id, None)
-            else:
-                await waiter.event.wait()
-        if waiting.cancelled_caught:
-            link.waiters.pop(request.id, None)
-            log.warning(
-                "ws %s/%s: no answer to %s within the offline timeout; reconnecting",
-                self.tenant,
-                link.run,
-                APPEND_OP,
-            )
-            link._abort(ws)
-            raise _ConnectionLost("ws", f"no answer from the hub to {APPEND_OP} in time")
-        response = waiter.response
-        if response is None:
-            with anyio.move_on_after(self.connect_timeout):
-                while link.ws is ws:  # let the reader see the close code: final or not
-                    await link.changed.wait()
-            if link.final is not None:
-                raise link.final
-            raise _ConnectionLost("ws", f"connection to the hub lost during {APPEND_OP}")
-        if response.error is not None:
-            if response.error.code == ReadOnlyAccess.code:
-                raise ReadOnlyAccess(self.tenant, link.run)
-            raise error_from_info(response.error)
-        return response.result
+        return await append_chunk(self, run, chunk, durable)  # (as a frame or JSON: there)
 
     async def append_guarded(
         self,

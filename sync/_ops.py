@@ -11,11 +11,10 @@ with ``FORBIDDEN`` (``run.redact``: :mod:`sync._ops_redact`). Every handler acts
 of the connection's token (``ctx.claims``): its agent and source, its tenant, and the run of
 the connection (``ctx.run``); never on anything the client says about who it is.
 
-An append frame (:class:`~sync._messages.Append`: ``journal.append`` with raw update bytes)
-is dispatched here to the same append as the JSON op (``sync._ops_journal._append``), with
-the same checks and errors; its success is answered as a binary
-:class:`~sync._messages.Appended`. ``whoami`` tells a client which ops the hub takes as
-frames (``frames``), so that it sends them only to a hub that does.
+An append frame (:class:`~sync._frames.Append`: ``journal.append`` with raw update bytes)
+goes to the handler registered for its class with :func:`frame` (``sync._ops_journal``),
+after the checks of its op. ``whoami`` tells a client which ops the hub takes as frames
+(``frames``), so that it sends them only to a hub that does.
 """
 
 from __future__ import annotations
@@ -27,9 +26,9 @@ from typing import TYPE_CHECKING, Any, Final
 from pydantic import JsonValue
 
 from crdtstore import CrdtStoreError
-from crdtstore.backend import check_call
 
-from ._messages import APPEND_OP, Append, Appended, ErrorInfo, Request, Response
+from ._frames import APPEND_OP
+from ._messages import ErrorInfo, Request, Response
 
 if TYPE_CHECKING:
     from crdtstore import Record, Store
@@ -38,7 +37,17 @@ if TYPE_CHECKING:
     from ._hub_conn import _Conn
     from ._tokens import TokenClaims
 
-__all__ = ["FRAMES", "OPS", "OpContext", "OpHandler", "dispatch", "op"]
+__all__ = [
+    "FRAMES",
+    "FRAME_OPS",
+    "OPS",
+    "FrameHandler",
+    "OpContext",
+    "OpHandler",
+    "dispatch",
+    "frame",
+    "op",
+]
 
 FRAMES: Final = (APPEND_OP,)  # the ops the hub also takes as binary frames (``whoami``)
 
@@ -81,6 +90,23 @@ def op(name: str, *, write: bool = False) -> Callable[[OpHandler], OpHandler]:
     return register
 
 
+FrameHandler = Callable[[OpContext, Any], Awaitable[Response]]
+FRAME_OPS: Final[dict[type[Request], FrameHandler]] = {}
+
+
+def frame(kind: type[Request]) -> Callable[[FrameHandler], FrameHandler]:
+    """Register ``handler`` for the binary frames of ``kind`` (a :class:`Request` of an op
+    registered with :func:`op`): it runs after that op's checks and builds the response."""
+
+    def register(handler: FrameHandler) -> FrameHandler:
+        if kind in FRAME_OPS:
+            raise ValueError(f"frame {kind.__name__} is already registered")
+        FRAME_OPS[kind] = handler
+        return handler
+
+    return register
+
+
 async def dispatch(ctx: OpContext, request: Request) -> Response:
     """Run the handler of ``request.op`` and build the response (never raises a crdtstore
     error: it becomes an error response)."""
@@ -96,34 +122,13 @@ async def dispatch(ctx: OpContext, request: Request) -> Response:
             ErrorInfo(code="READ_ONLY", message=f"op {request.op!r} needs a read-write token"),
         )
     try:
-        if type(request) is Append:
-            return Appended.of(request.id, await _append_frame(ctx, request))
+        handle_frame = FRAME_OPS.get(type(request))
+        if handle_frame is not None:
+            return await handle_frame(ctx, request)
         result: Any = await entry.handler(ctx, dict(request.params))
     except CrdtStoreError as exc:
         return Response.failure(request.id, exc)
     return Response.success(request.id, result)
-
-
-async def _append_frame(ctx: OpContext, request: Append) -> list[int]:
-    """``journal.append`` of an append frame: as the JSON op does it (one transaction per run
-    of entries of one client id, every entry checked before any is journaled)."""
-    from ._ops_journal import _append  # (that module imports this one)
-
-    entries = request.entries
-    calls = [check_call(e.call) for e in entries]
-    seqs: list[int] = []
-    start = 0
-    while start < len(entries):
-        client_id = entries[start].client_id
-        end = start + 1
-        while end < len(entries) and entries[end].client_id == client_id:
-            end += 1
-        updates = [e.update for e in entries[start:end]]
-        seqs.extend(
-            await _append(ctx, updates, client_id, calls[start:end], durable=request.durable)
-        )
-        start = end
-    return seqs
 
 
 @op("flush")

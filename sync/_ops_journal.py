@@ -29,9 +29,10 @@ from crdtstore.backend import RunRow, check_call, fence_error
 
 from ._document import ReplicaDocument
 from ._errors import ProtocolError
+from ._frames import Append, Appended
 from ._hub_conn import _CURRENT
-from ._messages import Update, decode_state_vector, encode
-from ._ops import OpContext, op
+from ._messages import Response, Update, decode_state_vector, encode
+from ._ops import OpContext, frame, op
 from ._ops_push import (  # (the pushes: there)
     _PUSHES,
     _push_committed,
@@ -373,6 +374,28 @@ async def _journal_append(ctx: OpContext, params: dict[str, JsonValue]) -> JsonV
         seqs.extend(await _append(ctx, updates, parsed[start][1], calls, durable=durable))
         start = end
     return seqs
+
+
+@frame(Append)
+async def _append_frame(ctx: OpContext, request: Append) -> Response:
+    """``journal.append`` of an append frame: as the JSON op does it (one transaction per run
+    of entries of one client id, every entry checked before any is journaled), answered as a
+    binary :class:`~sync._frames.Appended`."""
+    entries = request.entries
+    calls = [check_call(e.call) for e in entries]
+    seqs: list[int] = []
+    start = 0
+    while start < len(entries):
+        client_id = entries[start].client_id
+        end = start + 1
+        while end < len(entries) and entries[end].client_id == client_id:
+            end += 1
+        updates = [e.update for e in entries[start:end]]
+        seqs.extend(
+            await _append(ctx, updates, client_id, calls[start:end], durable=request.durable)
+        )
+        start = end
+    return Appended.of(request.id, seqs)
 
 
 def _triple(value: JsonValue, what: str, types: Sequence[type]) -> tuple[Any, ...] | None:

@@ -1,4 +1,4 @@
-"""The binary append frame (``journal.append`` without JSON, ``sync._messages.Append``).
+"""The binary append frame (``journal.append`` without JSON, ``sync._frames.Append``).
 
 The codec is checked without a server by hypothesis: random entries round trip, random bytes
 after the frame's type bytes are either a frame that encodes back to exactly those bytes or a
@@ -23,7 +23,8 @@ from crdtstore import open_store
 from crdtstore.codec import MAX_SAFE_INTEGER, CodecError, Decoder
 from sync import ProtocolError, decode, encode
 from sync._errors import CloseCode
-from sync._messages import Append, Appended, AppendEntry, Request, Response
+from sync._frames import Append, Appended, AppendEntry
+from sync._messages import Request, Response
 from sync._ops import OPS, _Op
 from tests.network.test_sync_client import (
     FAST,
@@ -85,7 +86,7 @@ def _reference_append(message: Append) -> bytes:
 
 
 def _reference_decode(frame: bytes) -> Append | Appended:
-    """Both frames by lib0's general ``Decoder``, as the module docstring draws them."""
+    """Both frames by lib0's general ``Decoder``, as their classes' docstrings draw them."""
     dec = Decoder(frame)
     assert dec.read_var_uint() == 100
     kind = dec.read_var_uint()
