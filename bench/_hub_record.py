@@ -9,7 +9,9 @@ does with a writer's update frame: the session's ``receive_update`` (check, size
 reservation), ``Hub._apply`` (``Record.apply_update`` as the token's writer, the broadcast to
 no other connection), and every ``--batch`` updates (2.8 per commit in bench/hub.py at 100/s)
 the group commit. The updates are bench/hub.py's writer's: one key of a 64-key map set to a
-string holding the sequence number. ``--warm`` updates run first and are not counted.
+string holding the sequence number. ``--warm`` updates run first and are not counted. For
+instructions per update, run it under callgrind for two ``--n`` with the same ``--made`` and
+divide the difference.
 """
 
 from __future__ import annotations
@@ -57,12 +59,14 @@ class _Conn:
         raise AssertionError(f"closed {code}: {reason}")
 
 
-async def main(n: int, warm: int, batch: int, profile_to: str | None = None) -> None:
+async def main(
+    n: int, warm: int, batch: int, made: int = 0, profile_to: str | None = None
+) -> None:
     from crdtstore import Writer, open_store
     from sync import Hub, ServerSession
     from sync._hub_runs import HUB_AGENT, _CheckingDocument, _Room
 
-    frames = _frames(warm + n)
+    frames = _frames(max(warm + n, made))
     with tempfile.TemporaryDirectory() as tmp:
         url = f"sqlite:///{tmp}/store.db"
         hub = Hub(url, b"s" * 32)
@@ -98,7 +102,7 @@ async def main(n: int, warm: int, batch: int, profile_to: str | None = None) -> 
                 profile = cProfile.Profile()
                 profile.enable()
             t0 = time.process_time()
-            await feed(frames[warm + 1 :])
+            await feed(frames[warm + 1 : warm + 1 + n])
             spent = time.process_time() - t0
             if profile is not None:
                 profile.disable()
@@ -112,7 +116,10 @@ if __name__ == "__main__":
     ap.add_argument("--n", type=int, default=600)
     ap.add_argument("--warm", type=int, default=100)
     ap.add_argument("--batch", type=int, default=3)
+    ap.add_argument(
+        "--made", type=int, default=0, help="updates made at least (callgrind: the same in both runs)"
+    )
     ap.add_argument("--profile", help="write a cProfile of the counted updates there")
     a = ap.parse_args()
     os.environ.setdefault("PYTHONHASHSEED", "0")
-    asyncio.run(main(a.n, a.warm, a.batch, a.profile))
+    asyncio.run(main(a.n, a.warm, a.batch, a.made, a.profile))
