@@ -154,7 +154,7 @@ class ExternalUpdates(JournalReplay):
             and not others
             and not registry_touched
             and not decoded.nested
-            and (not register or self._roots_known(refs))
+            and (not register or (not self._undetermined and self._roots_known(refs)))
         ):
             return self._apply_maps(update, decoded, refs, fresh, before, meta)
         ops: list[Op] = []
@@ -240,9 +240,7 @@ class ExternalUpdates(JournalReplay):
 
     def _roots_known(self, refs: list[Any]) -> bool:
         """Whether every root the entries ``refs`` write to is checked (registered, reserved
-        or invalid: :meth:`_register_roots` would register none of them)."""
-        if self._undetermined:
-            return False
+        or invalid: with no root undetermined, :meth:`_register_roots` would register none)."""
         checked = self._roots_checked
         for ref in refs:
             if ref is None or ref[0] not in checked:
