@@ -59,9 +59,7 @@ class _Conn:
         raise AssertionError(f"closed {code}: {reason}")
 
 
-async def main(
-    n: int, warm: int, batch: int, made: int = 0, profile_to: str | None = None
-) -> None:
+async def main(n: int, warm: int, batch: int, made: int = 0, profile_to: str | None = None) -> None:
     from crdtstore import Writer, open_store
     from sync import Hub, ServerSession
     from sync._hub_runs import HUB_AGENT, _CheckingDocument, _Room
@@ -117,7 +115,10 @@ if __name__ == "__main__":
     ap.add_argument("--warm", type=int, default=100)
     ap.add_argument("--batch", type=int, default=3)
     ap.add_argument(
-        "--made", type=int, default=0, help="updates made at least (callgrind: the same in both runs)"
+        "--made",
+        type=int,
+        default=0,
+        help="updates made at least (the same in both callgrind runs)",
     )
     ap.add_argument("--profile", help="write a cProfile of the counted updates there")
     a = ap.parse_args()

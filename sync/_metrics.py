@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import hmac
 import logging
-from bisect import bisect_left
 import weakref
+from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import parse_qs, urlsplit

@@ -39,8 +39,8 @@ from ._effects import (
     _within,
 )
 from ._item_provenance import touches_items
-from ._pycrdt import DirectTransaction
 from ._provenance import Meta
+from ._pycrdt import DirectTransaction
 from ._replay import JournalReplay
 
 log = logging.getLogger("crdtstore.replica")
@@ -48,6 +48,8 @@ log = logging.getLogger("crdtstore.replica")
 
 class ExternalUpdates(JournalReplay):
     """Foreign updates applied to a replica with their effect (see the module docstring)."""
+
+    fused = True  # the usual update takes _apply_maps (False: the general path, for tests)
 
     def __init__(self, *, max_update: int = DEFAULT_MAX_UPDATE) -> None:
         super().__init__(max_update=max_update)
@@ -150,7 +152,8 @@ class ExternalUpdates(JournalReplay):
         assert decoded is not None
         refs, fresh, others, registry_touched = plan
         if (
-            others is not None
+            self.fused
+            and others is not None
             and not others
             and not registry_touched
             and not decoded.nested
@@ -242,7 +245,7 @@ class ExternalUpdates(JournalReplay):
         """Whether every root the entries ``refs`` write to is checked (registered, reserved
         or invalid: with no root undetermined, :meth:`_register_roots` would register none)."""
         checked = self._roots_checked
-        for ref in refs:
+        for ref in refs:  # noqa: SIM110 (a loop: any() of a generator costs more on this path)
             if ref is None or ref[0] not in checked:
                 return False
         return True
@@ -256,20 +259,17 @@ class ExternalUpdates(JournalReplay):
         before: dict[str, str],
         meta: Meta | None,
     ) -> tuple[list[Op], bytes | None]:
-        """:meth:`apply_external` of the usual update (a map set): one that writes and deletes
-        only map entries, none of the registry and none of a root to register (see the
-        caller's test). Its effect is the general path's, without what that update cannot
-        need: effect observers, text caches, root registration, item provenance."""
+        """:meth:`apply_external` of an update that writes and deletes only map entries, none
+        of the registry nor of a root to register (a map set): the general path without what
+        it cannot need (effect observers, text caches, root registration, item provenance)."""
         kinds = self._kinds
         self._kinds = {}  # (apply_update empties the cache; it is kept if the registry is)
         self._captured = self._captured_deletes = None
         self._capturing = self._deletes_wanted = True
-        direct = self._direct
-        if direct is None:
-            direct = self._direct = DirectTransaction(self.doc)
+        direct = self._direct or DirectTransaction(self.doc)
+        self._direct = direct
         try:
-            # (pycrdt's apply_update, without its Python frames: see _pycrdt)
-            if not direct.apply(update):
+            if not direct.apply(update):  # (pycrdt's apply_update without its Python frames)
                 self.apply_update(update, trial_decode=False, size_limit=False, nested=False)
         except BaseException as exc:
             # the index took in entries the document refused: rebuild it from the document
