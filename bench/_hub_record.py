@@ -1,6 +1,6 @@
 """The hub's per-update work without sockets, for callgrind or a CPU-time A/B.
 
-    PYTHONHASHSEED=0 valgrind --tool=callgrind python bench/_hub_record.py --n 600
+    PYTHONHASHSEED=0 valgrind --tool=callgrind python bench/_hub_record.py --n 330 --made 500
     python bench/_hub_record.py --n 3000         # CPU us per update (process_time)
 
 A :class:`sync.Hub` (never served) loads a run of a ``sqlite:///`` store with its group
