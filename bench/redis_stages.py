@@ -108,6 +108,7 @@ def child(
                 tg.start_soon(consume)
                 await anyio.to_thread.run_sync(barrier.wait)
                 c0, t0 = time.process_time(), time.perf_counter()
+                s0 = os.times().system
                 for i in range(n):
                     stamp = now()
                     written.append(stamp)
@@ -117,6 +118,7 @@ def child(
                 with anyio.move_on_after(30):
                     await done.wait()
                 cpu_s = time.process_time() - c0
+                sys_s = os.times().system - s0
                 cpu = cpu_s / (time.perf_counter() - t0)
                 tg.cancel_scope.cancel()
         seq_of: dict[int, tuple[int, int, int]] = {}  # i -> (seq, sent, answered)
@@ -134,6 +136,7 @@ def child(
             "observed": observed,
             "cpu": cpu,
             "cpu_s": cpu_s,
+            "sys_s": sys_s,
             "batches": len(appends),
         }
 
@@ -329,9 +332,10 @@ def main(argv: list[str] | None = None) -> int:
     batches = sum(r["batches"] for r in results)
     writes = args.procs * args.n
     client_us = sum(r["cpu_s"] for r in results) / writes * 1e6
+    client_sys_us = sum(r["sys_s"] for r in results) / writes * 1e6
     print(f"CPU per process {cpu * 100:.0f}%; {batches:,} appends for {writes:,} writes")
     print(f"CPU per write (all processes, writing and observing): clients {client_us:.0f} us"
-          f" + redis-server {server_cpu / writes * 1e6:.0f} us")  # fmt: skip
+          f" (system {client_sys_us:.0f} us) + redis-server {server_cpu / writes * 1e6:.0f} us")  # fmt: skip
     print("(xread is from the writer's append sent; 'append' overlaps it)")
     table(["server command", "calls", "us/call"], stats)
     if args.sqlite:
