@@ -107,3 +107,47 @@ def test_own_entries_past_a_gap_wake_the_reader(gap: bool) -> None:
     first = 3 if gap else 1
     tail._handle({b"s": _stream_entries(first, _entries(first, 2, own))})
     assert woken == (["r"] if gap else [])
+
+
+def test_own_entries_brought_back_are_not_read_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stream read brings this store's own appends back: when the append's answer came
+    first (its entries are kept already), they are not read again; entries of others are
+    kept as the stream read brought them and read only when a reader takes them."""
+    from crdtstore._backends.redis import _tail
+
+    parsed: list[object] = []
+    row_of = _tail.row_of
+    monkeypatch.setattr(_tail, "row_of", lambda e: (parsed.append(e), row_of(e))[1])
+    tail = Tail(lambda: None, None, lambda tenant, run: None)
+    tail.healthy = True
+    stream, own, other = "s", 7, 8
+    tail.watch_run(stream, "meta", "t", "r", 0, own)
+    tail.wrote(stream, 1, _entries(1, 3, own))
+    kept = tail.cached(stream, 0, 10)
+    tail._handle({b"s": _stream_entries(1, _entries(1, 3, own))})
+    assert parsed == []
+    assert tail.cached(stream, 0, 10) == kept
+    tail._handle({b"s": _stream_entries(4, _entries(4, 2, other))})
+    assert parsed == []  # (not read until a reader takes them)
+    got = tail.cached(stream, 3, 10)
+    assert [(r.seq, r.client_id, r.update) for r in got or []] == [(4, 8, b"u4"), (5, 8, b"u5")]
+    assert len(parsed) == 2
+    assert tail.cached(stream, 3, 10) == got and len(parsed) == 2  # (read once)
+
+
+def test_an_entry_unlike_the_kept_one_is_read() -> None:
+    """A stream entry at a position this store kept an append of is skipped only when it is
+    that very entry (client id and checksum): another one there (the run deleted and made
+    again meanwhile) replaces it; and an own entry the stream read brings before the
+    append's answer is kept, and read when a second reader of the run takes it."""
+    tail = Tail(lambda: None, None, lambda tenant, run: None)
+    tail.healthy = True
+    stream, own, other = "s", 7, 8
+    tail.watch_run(stream, "meta", "t", "r", 0, own)
+    tail.wrote(stream, 1, _entries(1, 2, own))
+    tail._handle({b"s": _stream_entries(1, _entries(11, 2, other))})
+    got = tail.cached(stream, 0, 10) or []
+    assert [(r.client_id, r.update) for r in got] == [(8, b"u11"), (8, b"u12")]
+    tail._handle({b"s": _stream_entries(3, _entries(3, 1, own))})  # before its answer
+    tail.wrote(stream, 3, _entries(3, 1, own))
+    assert [(r.seq, r.update) for r in tail.cached(stream, 2, 10) or []] == [(3, b"u3")]
