@@ -335,7 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     client_sys_us = sum(r["sys_s"] for r in results) / writes * 1e6
     print(f"CPU per process {cpu * 100:.0f}%; {batches:,} appends for {writes:,} writes")
     print(f"CPU per write (all processes, writing and observing): clients {client_us:.0f} us"
-          f" (system {client_sys_us:.0f} us) + redis-server {server_cpu / writes * 1e6:.0f} us")  # fmt: skip
+          f" (system {client_sys_us:.0f} us)"
+          f" + redis-server {server_cpu / writes * 1e6:.0f} us")  # fmt: skip
     print("(xread is from the writer's append sent; 'append' overlaps it)")
     table(["server command", "calls", "us/call"], stats)
     if args.sqlite:

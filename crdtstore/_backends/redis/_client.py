@@ -23,8 +23,8 @@ try:
     from redis.backoff import NoBackoff
     from redis.exceptions import ConnectionError as ConnectionLost
     from redis.exceptions import NoScriptError
-    from redis.exceptions import ResponseError as ErrorReply
     from redis.exceptions import RedisError as RedisError
+    from redis.exceptions import ResponseError as ErrorReply
     from redis.exceptions import TimeoutError as ReplyTimeout
 except ImportError:  # pragma: no cover - the extra is not installed
     aioredis = Retry = None
@@ -33,11 +33,14 @@ except ImportError:  # pragma: no cover - the extra is not installed
         """Stands for redis-py's error root when redis-py is missing (never raised)."""
 
     ConnectionLost = ReplyTimeout = NoScriptError = ErrorReply = RedisError  # type: ignore[misc,assignment]
+HiredisParser: Any
+NOT_ENOUGH_DATA: Any
 try:
     from hiredis import pack_command as pack
-    from redis._parsers.hiredis import NOT_ENOUGH_DATA, _AsyncHiredisParser
+    from redis._parsers.hiredis import NOT_ENOUGH_DATA
+    from redis._parsers.hiredis import _AsyncHiredisParser as HiredisParser
 except ImportError:  # pragma: no cover - redis-py packs then (the extra installs hiredis)
-    pack = _AsyncHiredisParser = NOT_ENOUGH_DATA = None
+    pack = HiredisParser = NOT_ENOUGH_DATA = None
 
 
 _LUA = Path(__file__).with_name("lua")
@@ -123,7 +126,7 @@ async def reply(conn: Any) -> Any:
     parser = conn._parser
     reader = getattr(parser, "_reader", None)
     if (
-        type(parser) is not _AsyncHiredisParser
+        type(parser) is not HiredisParser
         or reader is None
         or not parser._connected
         or conn.protocol not in (2, "2", None)
@@ -140,7 +143,7 @@ async def reply(conn: Any) -> Any:
     return got
 
 
-async def _read(conn: Any, stream: asyncio.StreamReader, reader: Any) -> Any:
+async def _read(conn: Any, stream: Any, reader: Any) -> Any:
     timer, expired = None, False
     timeout = conn.socket_timeout
     if timeout is not None:

@@ -50,7 +50,11 @@ def row_of(entry: Any) -> Row:
                 ),
             )
         # (a dict: XREAD through redis-py's reply parser)
-        f = fields if isinstance(fields, dict) else dict(zip(fields[::2], fields[1::2], strict=False))
+        f = (
+            fields
+            if isinstance(fields, dict)
+            else dict(zip(fields[::2], fields[1::2], strict=False))
+        )
         effect = f[b"e"]
         return Row(
             seq,

@@ -361,9 +361,7 @@ class Tail:
                     own is None
                     or r.gap > seen
                     or any(
-                        client_of(e) != own
-                        for e in entries
-                        if int(e[0].split(b"-", 1)[0]) > seen
+                        client_of(e) != own for e in entries if int(e[0].split(b"-", 1)[0]) > seen
                     )
                 ):
                     self._wake(r.tenant, r.run)
