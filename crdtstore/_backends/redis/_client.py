@@ -121,8 +121,8 @@ async def send(conn: Any, args: tuple[Any, ...]) -> Any:
 async def reply(conn: Any) -> Any:
     """The next reply on ``conn``: from its hiredis reader, fed from its stream, under the
     connection's socket timeout kept by one timer (redis-py's ``read_response`` enters an
-    ``asyncio.timeout`` per reply, a third of the client CPU of a stream read's round
-    trip); redis-py's own read where its parser is another (RESP3 pushes, no hiredis)."""
+    ``asyncio.timeout`` per reply: under cProfile, its enter and exit cost as much as the
+    read itself); redis-py's own read where its parser is another (RESP3, no hiredis)."""
     parser = conn._parser
     reader = getattr(parser, "_reader", None)
     if (
@@ -151,7 +151,9 @@ async def _read(conn: Any, stream: Any, reader: Any) -> Any:
         def expire() -> None:
             nonlocal expired
             expired = True
-            conn._writer.transport.abort()  # (the read below ends)
+            writer = conn._writer
+            if writer is not None:
+                writer.transport.abort()  # (the read below ends)
 
         timer = asyncio.get_running_loop().call_later(timeout, expire)
     try:
