@@ -122,24 +122,24 @@ async def reply(conn: Any) -> Any:
     """The next reply on ``conn``: from its hiredis reader, fed from its stream, under the
     connection's socket timeout kept by one timer (redis-py's ``read_response`` enters an
     ``asyncio.timeout`` per reply: under cProfile, its enter and exit cost as much as the
-    read itself); redis-py's own read where its parser is another (RESP3, no hiredis)."""
+    read itself); push messages (RESP3) go to redis-py's parser as its own read does; where
+    the parser is not hiredis's, redis-py reads."""
     parser = conn._parser
     reader = getattr(parser, "_reader", None)
-    if (
-        type(parser) is not HiredisParser
-        or reader is None
-        or not parser._connected
-        or conn.protocol not in (2, "2", None)
-    ):
+    if type(parser) is not HiredisParser or reader is None or not parser._connected:
         return await conn.read_response()
-    got = reader.gets()
-    if got is NOT_ENOUGH_DATA:
-        got = await _read(conn, parser._stream, reader)
-    if isinstance(got, ErrorReply):
+    push = parser._hiredis_PushNotificationType
+    while True:
+        got = reader.gets()
+        if got is NOT_ENOUGH_DATA:
+            got = await _read(conn, parser._stream, reader)
+        if push is None or not isinstance(got, push):
+            break
+        await parser.handle_push_response(got)  # (e.g. maintenance notices)
+    if isinstance(got, ErrorReply | ConnectionLost):  # (an error reply, as redis-py raises)
         raise got
-    if isinstance(got, ConnectionLost):
-        await conn.disconnect(nowait=True)
-        raise got
+    if type(got) is list and got and isinstance(got[0], ConnectionLost):
+        raise got[0]
     return got
 
 
