@@ -53,7 +53,7 @@ class Watch:
         blind: how many wake-ups announced no position.
     """
 
-    __slots__ = ("_new", "blind", "event", "head", "polled", "users")
+    __slots__ = ("_new", "blind", "direct", "event", "head", "polled", "users")
 
     def __init__(self, polled: bool = True) -> None:
         self._new = _event_factory()
@@ -62,12 +62,18 @@ class Watch:
         self.head = 0
         self.blind = 0
         self.polled = polled  # woken by Notifier.poll (journal readers; not lease hand-offs)
+        # set by a reader while it waits: called on a wake-up while it is the watch's one
+        # user; True when it took in what the wake-up announced at once (no event then)
+        self.direct: Callable[[], bool] | None = None
 
     def fire(self, seq: int | None = None) -> None:
         if seq is None:
             self.blind += 1
         elif seq > self.head:
             self.head = seq
+        direct = self.direct
+        if direct is not None and self.users == 1 and direct():
+            return
         old, self.event = self.event, self._new()
         old.set()
 

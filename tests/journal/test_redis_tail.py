@@ -151,3 +151,41 @@ def test_an_entry_unlike_the_kept_one_is_read() -> None:
     tail._handle({b"s": _stream_entries(3, _entries(3, 1, own))})  # before its answer
     tail.wrote(stream, 3, _entries(3, 1, own))
     assert [(r.seq, r.update) for r in tail.cached(stream, 2, 10) or []] == [(3, b"u3")]
+
+
+@pytest.mark.anyio
+async def test_entries_of_others_are_applied_by_the_stream_read(
+    redis_server: RedisServer,
+) -> None:
+    """A record whose tail waits takes the entries of another process in from the stream
+    read's wake-up itself (``Watch.direct``): its tail task is not woken for them. Not while
+    a local transaction is open (they wait for its end, in the tail task), nor when a
+    second reader of the run shares the watch."""
+    url = redis_server.url(prefix="tail-direct")
+    async with (
+        crdtstore.open_store(url) as a,
+        crdtstore.open_store(url) as b,
+        a.open_record(run="r", agent="a", source="tool") as ra,
+        b.open_record(run="r", agent="b", source="tool") as rb,
+    ):
+        watch = b.notifier.watch(b.tenant, "r")
+        b.notifier.unwatch(b.tenant, "r")  # (only looked at: rb stays its one user)
+        await until(lambda: watch.direct is not None)
+        event = watch.event
+        for i in range(5):
+            await ra.map("m").set(f"a{i}", i)
+            await ra.flush()
+            await until(lambda i=i: rb.map("m").get(f"a{i}") == i)
+        assert watch.event is event  # (never fired: the tail task slept through)
+        async with rb.transaction():
+            await ra.map("m").set("in-txn", 1)
+            await ra.flush()
+            await until(lambda: watch.event is not event)  # woken: the task waits for the txn
+            assert rb.map("m").get("in-txn") is None
+        await until(lambda: rb.map("m").get("in-txn") == 1)
+        async with b.open_record(run="r", agent="c", source="tool") as rc:
+            event = watch.event
+            await ra.map("m").set("two", 2)
+            await ra.flush()
+            await until(lambda: rb.map("m").get("two") == 2 and rc.map("m").get("two") == 2)
+            assert watch.event is not event
