@@ -51,6 +51,8 @@ class Watch:
         event: set (and replaced) on every wake-up; take it before reading.
         head: the highest journal position a wake-up announced.
         blind: how many wake-ups announced no position.
+        direct: set by the one reader while it waits: a wake-up calls it first, and sets
+            no event when it returns True (it took in what was announced, at once).
     """
 
     __slots__ = ("_new", "blind", "direct", "event", "head", "polled", "users")
@@ -62,8 +64,6 @@ class Watch:
         self.head = 0
         self.blind = 0
         self.polled = polled  # woken by Notifier.poll (journal readers; not lease hand-offs)
-        # set by a reader while it waits: called on a wake-up while it is the watch's one
-        # user; True when it took in what the wake-up announced at once (no event then)
         self.direct: Callable[[], bool] | None = None
 
     def fire(self, seq: int | None = None) -> None:

@@ -7,7 +7,8 @@ two background tasks keep it in step:
   commit: whatever accumulated while the previous append ran goes in the next one), and marks
   them committed (their journal positions become the keys' provenance);
 - the *tail* applies entries other writers appended, in journal order, woken by the store's
-  notifier (and by a slow poll, in case a wake-up was lost).
+  notifier (and by a slow poll, in case a wake-up was lost); while it waits, a wake-up whose
+  entries the backend holds at hand applies them at once (:meth:`JournalLink._take_kept`).
 
 ``flush`` waits for the committer; ``sync`` does the tail's work now.
 """

@@ -6,9 +6,11 @@ waits on), each from the last position it knows. When an entry arrives that this
 not write, it keeps the entries (up to ``COUNT`` of them a read; the next read continues
 after the last) and wakes the run's readers, whose journal read (``JournalBackend.read`` of a
 record's tail) is then answered from the kept entries when they continue from where the
-reader is (:meth:`Tail.cached`): one round trip per burst of other processes' writes, not
-three. A reader that needs everything the journal holds now (``sync()``, a guarded write)
-reads from Redis.
+reader is (:meth:`Tail.cached`; a record's tail that waits takes them in at the wake-up
+itself, through ``RedisJournal.kept``): one round trip per burst of other processes' writes,
+not three. Entries are kept as the read brought them and parsed when a reader takes them
+(this store's own, brought back, never are). A reader that needs everything the journal
+holds now (``sync()``, a guarded write) reads from Redis.
 
 A record opening a run changes the set of streams: the blocked read is interrupted with
 ``CLIENT UNBLOCK`` and sent again with the new set. A lost connection (Redis restarting) is
