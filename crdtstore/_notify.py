@@ -28,10 +28,11 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import cast
 
 import anyio
 from anyio.abc import SocketAttribute, TaskStatus
+
+from ._events import event_factory
 
 log = logging.getLogger("crdtstore.notify")
 
@@ -58,7 +59,7 @@ class Watch:
     __slots__ = ("_new", "blind", "direct", "event", "head", "polled", "users")
 
     def __init__(self, polled: bool = True) -> None:
-        self._new = _event_factory()
+        self._new = event_factory()
         self.event = self._new()
         self.users = 0
         self.head = 0
@@ -76,18 +77,6 @@ class Watch:
             return
         old, self.event = self.event, self._new()
         old.set()
-
-
-def _event_factory() -> Callable[[], anyio.Event]:
-    """``asyncio.Event`` on asyncio (a tenth of the cost of an ``anyio.Event``, which asks
-    sniffio for the loop each time it is made: a watch makes one per wake-up), else
-    ``anyio.Event`` (trio). Typed as ``anyio.Event``: its users call ``wait()``, ``set()``
-    and ``is_set()`` only, which both have."""
-    if _asyncio_loop() is not None:
-        import asyncio
-
-        return cast("Callable[[], anyio.Event]", asyncio.Event)
-    return anyio.Event
 
 
 def _socket_dir(key: str) -> Path:
