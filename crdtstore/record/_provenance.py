@@ -15,8 +15,8 @@ import sys
 import time
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Sequence
-from itertools import accumulate, islice
+from collections.abc import Iterable, Sequence
+from itertools import accumulate, chain, islice
 from operator import lt
 from typing import Any, NamedTuple
 
@@ -197,28 +197,46 @@ class _Settled:
     object alone takes 50-60 and a dict entry with an int about 70 more). Looked up by
     bisection; newer positions live in the collection's dict, which takes
     precedence, until the next :meth:`merge`. (UTF-8 byte order is code point order, so the
-    order is that of the keys as ``str``.)"""
+    order is that of the keys as ``str``.) A load adds positions in journal order to an
+    unsorted tail (:meth:`append`), newer than the sorted part, packed on first use."""
 
-    __slots__ = ("_blob", "_offs", "seqs")
+    __slots__ = ("_blob", "_ends", "_offs", "_tail", "_tail_seqs", "seqs")
 
     def __init__(self) -> None:
         self._blob = b""
         self._offs = array("q", [0])
         self.seqs = array("q")
+        # (the tail's buffers are made here, before any load: see _pack)
+        self._tail = bytearray()  # keys appended, UTF-8, in journal order
+        self._ends = array("q")  # where each appended key ends in _tail
+        self._tail_seqs = array("q")
 
     def __len__(self) -> int:
-        return len(self.seqs)
+        return len(self.seqs) + len(self._tail_seqs)
 
     @property
     def keys(self) -> list[str]:
         """The keys, sorted (a new list: for export and tests, not for lookups)."""
+        self._pack()
         return [k.decode("utf-8", "surrogatepass") for k in self._encoded()]
+
+    def sorted_seqs(self) -> array[int]:
+        """:attr:`seqs` with the tail packed in (the positions in the order of :attr:`keys`)."""
+        self._pack()
+        return self.seqs
+
+    def all_seqs(self) -> tuple[array[int], array[int]]:
+        """Every position held, packed or in the tail (a superset of the live ones: a tail
+        entry may replace another), without packing."""
+        return self.seqs, self._tail_seqs
 
     def _encoded(self) -> list[bytes]:
         blob, offs = self._blob, self._offs
         return [blob[a:b] for a, b in zip(offs, islice(offs, 1, None), strict=False)]
 
     def get(self, key: str) -> int | None:
+        if self._tail_seqs:
+            self._pack()
         k = key.encode("utf-8", "surrogatepass")
         lo, hi = 0, len(self.seqs)
         blob, offs = self._blob, self._offs
@@ -231,6 +249,50 @@ class _Settled:
         if lo < len(self.seqs) and blob[offs[lo] : offs[lo + 1]] == k:
             return self.seqs[lo]
         return None
+
+    def append(self, keys: Sequence[str], seqs: Iterable[int]) -> None:
+        """Add ``keys`` (journal position ``seqs[i]`` for ``keys[i]``), newer than every
+        position held, to the tail: bytes in arrays, not a ``str`` and an ``int`` per key
+        held until the load ends (their memory pools stay with the process once freed when
+        anything else was allocated among them, see ``bench/memory.py``)."""
+        encoded = [k.encode("utf-8", "surrogatepass") for k in keys]
+        ends = self._ends
+        start = ends[-1] if ends else 0
+        ends.extend(islice(accumulate(map(len, encoded), initial=start), 1, None))
+        self._tail += b"".join(encoded)
+        self._tail_seqs.extend(seqs)
+
+    def _pack(self) -> int:
+        """Merge the tail into the sorted part; return how many positions it replaced (of
+        the sorted part, or of the tail itself: rows of the entry table that may be dead).
+
+        What survives is made before the keys become objects (the new arrays first, then
+        filled): an object made among many short-lived ones keeps their memory pool, and
+        its arena, in the process once they are freed.
+        """
+        tail_seqs = self._tail_seqs
+        if not tail_seqs:
+            return 0
+        wide = (
+            min(tail_seqs) < 0
+            or max(tail_seqs) >= 1 << 32
+            or (bool(self.seqs) and self.seqs.typecode != "I")
+        )
+        seqs_out = array("q" if wide else "I")
+        offs_out = array("q" if len(self._blob) + len(self._tail) >= 1 << 32 else "I", [0])
+        tail, ends = bytes(self._tail), self._ends
+        new = dict(
+            zip(
+                [tail[a:b] for a, b in zip(chain((0,), ends), ends, strict=False)],
+                tail_seqs,
+                strict=True,
+            )
+        )
+        del tail
+        replaced = len(tail_seqs) - len(new) + self._merge_into(new, offs_out, seqs_out)
+        del new
+        del self._tail[:], ends[:], tail_seqs[:]  # (in place: the objects stay)
+        return replaced
 
     def _set(self, keys: list[bytes], seqs: array[int]) -> None:
         self._blob = b"".join(keys)
@@ -255,23 +317,36 @@ class _Settled:
         time, so that the old keys are never all Python objects at once: their peak would
         stay in the process as free pools of the allocator (see ``bench/memory.py``).
         """
+        self._pack()
         if not new:
             return
-        ordered = sorted(new)  # (code point order is the UTF-8 byte order)
+        encoded = {k.encode("utf-8", "surrogatepass"): v for k, v in new.items()}
         if not self.seqs:  # (a load's one packing)
-            self._set(
-                [k.encode("utf-8", "surrogatepass") for k in ordered],
-                array("q", map(new.__getitem__, ordered)),
-            )
+            ordered = sorted(encoded)
+            self._set(ordered, array("q", map(encoded.__getitem__, ordered)))
             return
-        blob, offs, seqs, n = self._blob, self._offs, self.seqs, len(self.seqs)
         # the run's typecodes, unless what comes in does not fit them (then 8 bytes, for good)
-        if seqs.typecode == "I" and not (min(new.values()) >= 0 and max(new.values()) < 1 << 32):
-            seqs = array("q", seqs)
-        if offs.typecode == "I" and len(blob) + 4 * sum(map(len, ordered)) >= 1 << 32:
-            offs = array("q", offs)  # (a UTF-8 key takes at most 4 bytes a character)
+        seqs_code, offs_code = self.seqs.typecode, self._offs.typecode
+        if seqs_code == "I" and not (min(new.values()) >= 0 and max(new.values()) < 1 << 32):
+            seqs_code = "q"
+        if offs_code == "I" and len(self._blob) + sum(map(len, encoded)) >= 1 << 32:
+            offs_code = "q"
+        self._merge_into(encoded, array(offs_code, [0]), array(seqs_code))
+
+    def _merge_into(self, new: dict[bytes, int], out_offs: array[int], out_seqs: array[int]) -> int:
+        """:meth:`merge` of ``new`` (UTF-8 key -> position) into ``out_offs`` (holding
+        ``[0]``) and ``out_seqs`` (empty), of typecodes that fit; return how many positions
+        of the sorted part it replaced."""
+        ordered = sorted(new)  # (code point order is the UTF-8 byte order)
+        blob, offs, seqs, n = self._blob, self._offs, self.seqs, len(self.seqs)
+        if seqs.typecode != out_seqs.typecode:
+            seqs = array(out_seqs.typecode, seqs)
         pieces: list[bytes] = []
-        out_offs, out_seqs = array(offs.typecode, [0]), array(seqs.typecode)
+        replaced = 0
+        if not n:
+            pieces.append(b"".join(ordered))
+            out_offs.extend(islice(accumulate(map(len, ordered), initial=0), 1, None))
+            out_seqs.extend(map(new.__getitem__, ordered))
         j = 0  # the first new key not taken in yet
         for start in range(0, n, _CHUNK):
             stop = min(start + _CHUNK, n)
@@ -280,20 +355,15 @@ class _Settled:
             if stop == n:
                 hi = len(ordered)
             else:  # the new keys up to this chunk's last (which one of them may replace)
-                hi = bisect_right(ordered, old[-1].decode("utf-8", "surrogatepass"), j)
+                hi = bisect_right(ordered, old[-1], j)
             if hi == j:
                 keys, chunk_seqs = old, seqs[start:stop]
             else:
                 part = ordered[j:hi]
                 j = hi
                 combined = dict(zip(old, seqs[start:stop], strict=True))
-                combined.update(
-                    zip(
-                        [k.encode("utf-8", "surrogatepass") for k in part],
-                        map(new.__getitem__, part),
-                        strict=True,
-                    )
-                )
+                combined.update(zip(part, map(new.__getitem__, part), strict=True))
+                replaced += len(old) + len(part) - len(combined)
                 keys = sorted(combined)
                 chunk_seqs = array(out_seqs.typecode, map(combined.__getitem__, keys))
             pieces.append(b"".join(keys))
@@ -302,6 +372,7 @@ class _Settled:
         self._blob = b"".join(pieces)
         self._offs = out_offs
         self.seqs = out_seqs
+        return replaced
 
 
 _CHUNK = 4096  # old keys of a settled run that its merge holds as objects at a time
@@ -426,12 +497,25 @@ class ProvenanceIndex:
             except TypeError:  # an older snapshot's [seq, agent, ...] lists: unhashable
                 live.update(v for v in keys.values() if type(v) is int)
         for settled in self._settled.values():
-            live.update(settled.seqs)
+            for seqs in settled.all_seqs():
+                live.update(seqs)
         return live
 
     def _settle(self, *, every: bool = False) -> None:
-        """After a bulk load: :meth:`_settle_one` the collections whose dict has grown enough
-        (see :meth:`_settle_size`; ``every``: all collections)."""
+        """After a bulk load: pack what it added to the packed runs' tails (see
+        :meth:`_load_keys`), then :meth:`_settle_one` the collections whose dict has grown
+        enough (see :meth:`_settle_size`; ``every``: all collections)."""
+        if self._tails():
+            replaced = sum([settled._pack() for settled in self._settled.values()])
+            table = self.table
+            if replaced or len(table) > table.sweep_at:  # (the sweeps the load left)
+                at = max(4096, 2 * len(table))  # (made before the set of positions, see _pack)
+                live = self._live_seqs()
+                if live.issuperset(table.seqs):
+                    del live
+                    table.sweep_at = at
+                else:
+                    table.keep(live)
         for name, keys in list(self.index.items()):
             if every or len(keys) >= self._settle_size(name):
                 self._settle_one(name, keys)
@@ -479,6 +563,28 @@ class ProvenanceIndex:
         self._settle_at[name] = len(rest) + max(
             self.settle_min, len(settled) // 2 if settled is not None else 0
         )
+
+    def _load_keys(self, collection: str, keys: Sequence[str], seqs: Iterable[int]) -> None:
+        """A load (replay entries whose caller packs at the end, :meth:`_settle`) names entry
+        ``seqs[i]`` as the provenance of ``collection[keys[i]]``, none of them held in the
+        collection's dict (which would take precedence): into the tail of its packed run."""
+        settled = self._settled.get(collection)
+        if settled is None:
+            settled = self._settled[collection] = _Settled()
+        settled.append(keys, seqs)
+
+    def _stash(self) -> None:
+        """A load's step is done: move the journaled positions the dicts took in (a group
+        of entries that :meth:`_load_keys` could not take) to the packed runs' tails, so
+        that no key is held as a ``str`` until the load ends (see :meth:`_Settled.append`)."""
+        for name, keys in self.index.items():
+            if keys and set(map(type, keys.values())) == {int}:
+                self._load_keys(name, list(keys), keys.values())
+                keys.clear()
+
+    def _tails(self) -> bool:
+        """Whether a load left positions in a packed run's tail (see :meth:`_load_keys`)."""
+        return any(settled.all_seqs()[1] for settled in self._settled.values())
 
     def settled_seq(self, collection: str, key: str) -> int | None:
         """The journal position packed for ``collection[key]`` (None if none: its entry, if
@@ -550,7 +656,7 @@ class ProvenanceIndex:
                 if keys
             },
             "settled": {
-                name: {"keys": settled.keys, "seqs": _pack(array("q", settled.seqs))}
+                name: {"keys": settled.keys, "seqs": _pack(array("q", settled.sorted_seqs()))}
                 for name, settled in self._settled.items()
             },
             "table": self.table.export(),
