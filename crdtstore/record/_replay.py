@@ -60,10 +60,10 @@ class JournalReplay(ReplicaDocument):
         ``settle=False`` leaves packing the provenance index to the caller (a record's
         opening packs it once at the end: packing a growing collection every few groups
         merges its keys again each time); until then the positions wait in the packed
-        runs' tails (:meth:`_load_keys`), not as a ``str`` key each. ``own=False`` says the index holds no write of
-        this replica's that is not journaled yet (a record's opening: nothing was written
-        through it), so no key's provenance can name a later entry than these (see
-        :meth:`_apply_rows`' ``before``) and that check is skipped.
+        runs' tails (:meth:`_load_keys`), not as a ``str`` key each. ``own=False`` says the
+        index holds no write of this replica's that is not journaled yet (a record's
+        opening: nothing was written through it), so no key's provenance can name a later
+        entry than these (see :meth:`_apply_rows`' ``before``) and that check is skipped.
 
         Applied in pycrdt transactions of up to ``_APPLY_GROUP`` entries each (see
         :meth:`_apply_rows`): yrs commits a big transaction of interleaved list appends
