@@ -313,9 +313,10 @@ class ProvenanceIndex:
         :meth:`_load_keys`), then :meth:`_settle_one` the collections whose dict has grown
         enough (see :meth:`_settle_size`; ``every``: all collections)."""
         if self._tails():
-            replaced = sum([settled._pack() for settled in self._settled.values()])
+            for settled in self._settled.values():
+                settled._pack()
             table = self.table
-            if replaced or len(table) > table.sweep_at:  # (the sweeps the load left)
+            if len(table) > table.sweep_at:  # (the sweep the load left, see _remember_rows)
                 at = max(4096, 2 * len(table))  # (made before the set of positions, see _pack)
                 live = self._live_seqs()
                 if live.issuperset(table.seqs):
@@ -378,6 +379,7 @@ class ProvenanceIndex:
         settled = self._settled.get(collection)
         if settled is None:
             settled = self._settled[collection] = _Settled()
+            self.index.setdefault(collection, {})  # (as settling leaves it: see _apply_rows)
         settled.append(keys, seqs)
 
     def _stash(self) -> None:

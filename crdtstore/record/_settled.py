@@ -91,9 +91,8 @@ class _Settled:
         self._tail += b"".join(encoded)
         self._tail_seqs.extend(seqs)
 
-    def _pack(self) -> int:
-        """Merge the tail into the sorted part; return how many positions it replaced (of
-        the sorted part, or of the tail itself: rows of the entry table that may be dead).
+    def _pack(self) -> None:
+        """Merge the tail into the sorted part.
 
         What survives is made before the keys become objects (the new arrays first, then
         filled): an object made among many short-lived ones keeps their memory pool, and
@@ -101,7 +100,7 @@ class _Settled:
         """
         tail_seqs = self._tail_seqs
         if not tail_seqs:
-            return 0
+            return
         wide = (
             min(tail_seqs) < 0
             or max(tail_seqs) >= 1 << 32
@@ -118,10 +117,9 @@ class _Settled:
             )
         )
         del tail
-        replaced = len(tail_seqs) - len(new) + self._merge_into(new, offs_out, seqs_out)
+        self._merge_into(new, offs_out, seqs_out)
         del new
         del self._tail[:], ends[:], tail_seqs[:]  # (in place: the objects stay)
-        return replaced
 
     def _set(self, keys: list[bytes], seqs: array[int]) -> None:
         self._blob = b"".join(keys)
@@ -162,16 +160,16 @@ class _Settled:
             offs_code = "q"
         self._merge_into(encoded, array(offs_code, [0]), array(seqs_code))
 
-    def _merge_into(self, new: dict[bytes, int], out_offs: array[int], out_seqs: array[int]) -> int:
+    def _merge_into(
+        self, new: dict[bytes, int], out_offs: array[int], out_seqs: array[int]
+    ) -> None:
         """:meth:`merge` of ``new`` (UTF-8 key -> position) into ``out_offs`` (holding
-        ``[0]``) and ``out_seqs`` (empty), of typecodes that fit; return how many positions
-        of the sorted part it replaced."""
+        ``[0]``) and ``out_seqs`` (empty), of typecodes that fit."""
         ordered = sorted(new)  # (code point order is the UTF-8 byte order)
         blob, offs, seqs, n = self._blob, self._offs, self.seqs, len(self.seqs)
         if seqs.typecode != out_seqs.typecode:
             seqs = array(out_seqs.typecode, seqs)
         pieces: list[bytes] = []
-        replaced = 0
         if not n:
             pieces.append(b"".join(ordered))
             out_offs.extend(islice(accumulate(map(len, ordered), initial=0), 1, None))
@@ -190,7 +188,6 @@ class _Settled:
                 j = hi
                 combined = dict(zip(old, seqs[start:stop], strict=True))
                 combined.update(zip(part, map(new.__getitem__, part), strict=True))
-                replaced += len(old) + len(part) - len(combined)
                 keys = sorted(combined)
                 chunk_seqs = array(out_seqs.typecode, map(combined.__getitem__, keys))
             pieces.append(b"".join(keys))
@@ -199,7 +196,6 @@ class _Settled:
         self._blob = b"".join(pieces)
         self._offs = out_offs
         self.seqs = out_seqs
-        return replaced
 
 
 _CHUNK = 4096  # old keys of a settled run that its merge holds as objects at a time
