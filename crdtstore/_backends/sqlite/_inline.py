@@ -176,7 +176,9 @@ class _LoopPath:
 
     def _read_inline(self, sql: str, params: tuple[Any, ...]) -> list[Any] | None:
         """Rows of a small read on the loop connection, or None when it is taken, busy, or
-        the rows turn out bigger than :data:`INLINE_BYTES` (then read in a worker thread)."""
+        the rows turn out bigger than :data:`INLINE_BYTES` (then read in a worker thread).
+        ``params`` ends with the read's ``LIMIT`` (fewer rows: the read reached the end, see
+        :data:`SHRINK_AFTER_ROWS`)."""
         conn = self._loop_conn()
         if not conn.lock.acquire(blocking=False):
             return None
