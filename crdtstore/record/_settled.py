@@ -84,11 +84,16 @@ class _Settled:
         position held, to the tail: bytes in arrays, not a ``str`` and an ``int`` per key
         held until the load ends (their memory pools stay with the process once freed when
         anything else was allocated among them, see ``bench/memory.py``)."""
-        encoded = [k.encode("utf-8", "surrogatepass") for k in keys]
         ends = self._ends
         start = ends[-1] if ends else 0
-        ends.extend(islice(accumulate(map(len, encoded), initial=start), 1, None))
-        self._tail += b"".join(encoded)
+        joined = "".join(keys)
+        if joined.isascii():  # (the usual case: one encoding, a str's length its bytes')
+            ends.extend(islice(accumulate(map(len, keys), initial=start), 1, None))
+            self._tail += joined.encode("ascii")
+        else:
+            encoded = [k.encode("utf-8", "surrogatepass") for k in keys]
+            ends.extend(islice(accumulate(map(len, encoded), initial=start), 1, None))
+            self._tail += b"".join(encoded)
         self._tail_seqs.extend(seqs)
 
     def _pack(self) -> None:
