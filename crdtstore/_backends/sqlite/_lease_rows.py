@@ -224,6 +224,39 @@ def _insert_args(r: Req, t: Table, dv: int | None) -> tuple[str, tuple[Any, ...]
 # step and attempt NULL (see _insert_args)
 _INSERT_GRANT = _insert_for(1 << 4 | 1 << 5, True)[0]
 
+# The two statements of an uncontended acquire+release, each its own transaction, check the
+# rows they rely on rather than data_version (whose pragma function prepares a statement of
+# its own on every run, more than the rest costs). Ranks are never reused, a removal always
+# writes row 0 with the counters of its time (save_table, both formats), and only MOVE_GRANT
+# takes row 0 away. So with an empty table cached at counters (R, T): row 0 still (R, T), and
+# no row R (else the UPDATE fails as not unique), means no request came since, and the grant
+# of R moves row 0 there. With {R} cached: row R still there, no rank above it and no row 0
+# (else not unique) means the same, and the release moves R back to row 0.
+MOVE_GRANT = (
+    f"UPDATE {TABLE} SET rank = ?1, id = ?2, tenant = ?3, owner = ?4, step = NULL,"
+    " attempt = NULL, resources = ?5, state = 'granted', token = ?6, ttl = ?7, host = ?8,"
+    " boot = ?9, pid = ?10, pstart = ?11, acked = 1, created = ?12, clock_boot = ?13,"
+    " requested = ?14, granted_at = ?14, expires = ?15, next_rank = ?1 + 1,"
+    " next_token = ?6 + 1 WHERE rank = 0 AND next_rank = ?1 AND next_token = ?6"
+)
+MOVE_RETIRE = (
+    f"UPDATE {TABLE} SET rank = 0, "
+    + ", ".join(f"{c.strip()} = NULL" for c in _COLS.split(",")[1:])
+    + f", next_rank = ?1, next_token = ?2 WHERE rank = ?3 AND (SELECT max(rank) FROM {TABLE}) = ?3"
+)
+
+
+def move_grant_args(r: Req) -> tuple[Any, ...] | None:
+    """MOVE_GRANT's values for ``r``, the grant without a key that :meth:`Table.request_alone`
+    made on an empty table; None for any other row."""
+    p = r.proc
+    if p is None or r.step is not None or r.attempt is not None or r.granted_at != r.requested:
+        return None
+    return (
+        r.rank, r.id, r.tenant, r.owner, _resources_json(r.resources), r.token, r.ttl, p.host,
+        p.boot, p.pid, p.start, r.created, r.clock_boot, r.requested, r.expires,
+    )  # fmt: skip
+
 
 def _insert(db: sqlite3.Connection | sqlite3.Cursor, r: Req, t: Table) -> None:
     db.execute(*_insert_args(r, t, None))

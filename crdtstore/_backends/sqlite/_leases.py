@@ -39,12 +39,15 @@ from ..._leases._clock import Clock, Proc, ProcessProbe, SystemClock
 from ..._leases._engine import Table, fence_error
 from ..._leases._models import LeaseState
 from ._lease_rows import (
+    MOVE_GRANT,
+    MOVE_RETIRE,
     _RETIRE_IF_DV,
     _SELECT_ID,
     _insert_args,
     _req,
     create_tables,
     load_table,
+    move_grant_args,
     save_table,
 )
 
@@ -151,6 +154,9 @@ class SQLiteLeases(TableBackend):
         self._db: sqlite3.Connection | None = None
         _INSTANCES.add(self)
         self._one_statement = True  # see _attempt
+        # the rank that MOVE_GRANT moved row 0 to, while it holds (0: row 0 is in place, or
+        # unknown): only its release can be MOVE_RETIRE (see _lease_rows.MOVE_GRANT)
+        self._moved = 0
 
     async def open(self) -> None:
         await self.journal.open()
@@ -284,30 +290,51 @@ class SQLiteLeases(TableBackend):
                 self._cursor_db = db
             t = self._cached if self._cached_db is db else None
             if t is not None:
+                empty = not t.reqs
                 try:
                     out = fn(t, arg)
                 except BaseException:
                     self._cached = None
                     raise
                 dirty, removed = t.dirty, t.removed
-                if self._one_statement and len(dirty) + len(removed) == 1:
+                if len(dirty) + len(removed) == 1:
+                    moved = self._moved
+                    args = None
                     if dirty:
-                        sql, args = _insert_args(t.reqs[next(iter(dirty))], t, self._cached_dv)
+                        if empty and len(t.reqs) == 1:
+                            r = t.reqs[next(iter(dirty))]
+                            if r.rank == t.next_rank - 1 and r.token == t.next_token - 1:
+                                args = move_grant_args(r)
+                        if args is not None:
+                            sql, moved = MOVE_GRANT, r.rank
+                        elif self._one_statement:
+                            sql, args = _insert_args(t.reqs[next(iter(dirty))], t, self._cached_dv)
                     else:
-                        sql = _RETIRE_IF_DV
-                        args = (t.next_rank, t.next_token, next(iter(removed)), self._cached_dv)
-                    try:
-                        done = cur.execute(sql, args).rowcount == 1
-                    except sqlite3.OperationalError as exc:
-                        self._cached = None
-                        if _is_busy(exc):
-                            return _BUSY
-                        if "pragma_data_version" not in str(exc):
-                            raise BackendError("sqlite", f"{type(exc).__name__}: {exc}") from exc
-                        self._one_statement = False  # an SQLite without pragma functions
-                        done = False
+                        rank = next(iter(removed))
+                        if rank == moved and not t.reqs:
+                            sql, args, moved = MOVE_RETIRE, (t.next_rank, t.next_token, rank), 0
+                        elif self._one_statement:
+                            sql = _RETIRE_IF_DV
+                            args = (t.next_rank, t.next_token, rank, self._cached_dv)
+                            moved = 0
+                    done = False
+                    if args is not None:
+                        try:
+                            done = cur.execute(sql, args).rowcount == 1
+                        except sqlite3.IntegrityError:
+                            pass  # a MOVE_ statement found another row in its place: stale
+                        except sqlite3.OperationalError as exc:
+                            self._cached = None
+                            if _is_busy(exc):
+                                return _BUSY
+                            if "pragma_data_version" not in str(exc):
+                                raise BackendError(
+                                    "sqlite", f"{type(exc).__name__}: {exc}"
+                                ) from exc
+                            self._one_statement = False  # an SQLite without pragma functions
                     if done:
                         t.clean()
+                        self._moved = moved
                         return out
                     t = self._cached = None  # stale, or never written: the general way
             try:
@@ -334,6 +361,7 @@ class SQLiteLeases(TableBackend):
                     raise BackendError("sqlite", f"{type(exc).__name__}: {exc}") from exc
                 raise
             self._cached, self._cached_db, self._cached_dv = t, db, dv
+            self._moved = 0
             return out
         finally:
             lock.release()
