@@ -311,14 +311,20 @@ class Lease:
         if watch is None:
             watch = leases._wake_watch()
         event = watch.event  # read before asking: no wake-up falls between ask and wait
-        try:
-            st = self.state = await backend.request(
-                leases.tenant, self.owner, self.resources, ttl=self.ttl, key=self.key,
-                proc=self._proc, wait=self.wait,
-            )  # fmt: skip
-        except BaseException:
-            self.state = None
-            raise
+        st = None
+        if self.key is None:
+            st = self.state = backend.request_now(
+                leases.tenant, self.owner, self.resources, self.ttl, self._proc
+            )
+        if st is None:
+            try:
+                st = self.state = await backend.request(
+                    leases.tenant, self.owner, self.resources, ttl=self.ttl, key=self.key,
+                    proc=self._proc, wait=self.wait,
+                )  # fmt: skip
+            except BaseException:
+                self.state = None
+                raise
         if st.state != "granted":
             await self._wait(backend, st, started, watch, event)
         now = time.monotonic()
@@ -444,7 +450,9 @@ class Lease:
             backend = leases.backend  # raises
         try:
             # the release must run to the end even when our caller is being cancelled
-            if backend.shields_cleanup:
+            if backend.release_now(leases.tenant, st.lease_id, self.owner, st.token):
+                pass
+            elif backend.shields_cleanup:
                 await backend.release(leases.tenant, st.lease_id, self.owner, st.token)
             else:
                 with anyio.CancelScope(shield=True):

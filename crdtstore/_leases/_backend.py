@@ -111,6 +111,20 @@ class LeaseBackend(ABC):
                 ``token``, or it expired.
         """
 
+    def request_now(
+        self, tenant: str, owner: str, resources: tuple[str, ...], ttl: float, proc: Proc
+    ) -> LeaseState | None:
+        """A request without a key granted and committed without suspending, when the backend
+        can do that at once (nothing else queued, its connection ready); else None, and the
+        caller awaits :meth:`request`. It raises nothing: any refusal is :meth:`request`'s."""
+        return None
+
+    def release_now(self, tenant: str, lease_id: str, owner: str, token: int | None) -> bool:
+        """:meth:`release` of the only request, committed without suspending, when the backend
+        can do that at once; else False, nothing changed, and the caller awaits
+        :meth:`release` (which raises what there is to raise)."""
+        return False
+
     async def check_within(
         self, auth: Any, tenant: str, lease_id: str, resource: str, token: int
     ) -> None:

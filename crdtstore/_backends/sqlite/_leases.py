@@ -36,7 +36,7 @@ import anyio.to_thread
 from ..._errors import BackendError, LeaseLost
 from ..._leases._backend import Outcome, ReleaseArgs, RequestArgs, TableBackend
 from ..._leases._clock import Clock, Proc, ProcessProbe, SystemClock
-from ..._leases._engine import Table, fence_error
+from ..._leases._engine import Table, fence_error, granted_state
 from ..._leases._models import LeaseState
 from ._lease_rows import (
     MOVE_GRANT,
@@ -44,6 +44,7 @@ from ._lease_rows import (
     _RETIRE_IF_DV,
     _SELECT_ID,
     _insert_args,
+    _resources_json,
     _req,
     create_tables,
     load_table,
@@ -204,6 +205,72 @@ class SQLiteLeases(TableBackend):
     # request and release: as the base class has them, minus two coroutines and a closure per
     # transition when the lease connection is ready and the write lock free
 
+    def request_now(
+        self, tenant: str, owner: str, resources: tuple[str, ...], ttl: float, proc: Proc
+    ) -> LeaseState | None:
+        t = self._cached
+        if t is None or t.reqs:
+            return None
+        # the cache is of this connection, still open (a forked child has no cache)
+        db = self._cached_db
+        if db is not self.journal._lease_db or self._cursor_db is not db:
+            return None
+        lock = self._lock
+        if not lock.acquire(blocking=False):
+            return None
+        try:
+            clock = self.clock
+            now, boot, wall = clock.now(), clock.boot_id(), time.time()
+            r = t.request_alone(tenant, owner, resources, ttl, None, proc, now, boot, wall)
+            host, pboot, pid, pstart = proc
+            try:
+                done = self._cursor.execute(  # type: ignore[union-attr]
+                    MOVE_GRANT,
+                    (r.rank, r.id, tenant, owner, _resources_json(resources), r.token, ttl,
+                     host, pboot, pid, pstart, wall, boot, now, r.expires),
+                ).rowcount == 1  # fmt: skip
+            except sqlite3.Error:
+                done = False  # busy, or stale (see MOVE_GRANT): request() sorts it out
+            if not done:
+                self._cached = None
+                return None
+            self._moved = r.rank
+            return granted_state(r, now)
+        finally:
+            lock.release()
+
+    def release_now(self, tenant: str, lease_id: str, owner: str, token: int | None) -> bool:
+        t = self._cached
+        rank = self._moved
+        if t is None or not rank:
+            return False
+        db = self._cached_db
+        if db is not self.journal._lease_db or self._cursor_db is not db:
+            return False
+        lock = self._lock
+        if not lock.acquire(blocking=False):
+            return False
+        try:
+            clock = self.clock
+            r = t.release_only(
+                tenant, lease_id, owner, token, clock.now(), clock.boot_id(), self.probe
+            )
+            if r is None:
+                return False
+            try:
+                done = r.rank == rank and self._cursor.execute(  # type: ignore[union-attr]
+                    MOVE_RETIRE, (t.next_rank, t.next_token, rank)
+                ).rowcount == 1  # fmt: skip
+            except sqlite3.Error:
+                done = False  # busy, or stale (see MOVE_GRANT): release() sorts it out
+            if not done:
+                self._cached = None
+                return False
+            self._moved = 0
+            return True
+        finally:
+            lock.release()
+
     async def request(
         self,
         tenant: str,
@@ -215,6 +282,10 @@ class SQLiteLeases(TableBackend):
         proc: Proc,
         wait: bool,
     ) -> LeaseState:
+        if key is None:
+            got = self.request_now(tenant, owner, resources, ttl, proc)
+            if got is not None:
+                return got
         args = (tenant, owner, resources, ttl, key, proc, wait, time.time())
         db = self._db
         out = _BUSY
@@ -230,6 +301,8 @@ class SQLiteLeases(TableBackend):
         return state  # type: ignore[no-any-return]
 
     async def release(self, tenant: str, lease_id: str, owner: str, token: int | None) -> None:
+        if self.release_now(tenant, lease_id, owner, token):
+            return
         args = (tenant, lease_id, owner, token)
         db = self._db
         out = _BUSY
@@ -249,10 +322,16 @@ class SQLiteLeases(TableBackend):
         if t.reqs:
             return TableBackend._request_tx(self, t, args)
         now, boot = self.clock.now(), self.clock.boot_id()
-        return t.request_alone(*args[:6], now, boot, args[7]), None, False  # wakes nobody
+        r = t.request_alone(*args[:6], now, boot, args[7])
+        t.dirty.add(r.rank)
+        t.meta_dirty = True
+        return granted_state(r, now), None, False  # wakes nobody
 
     def _release_tx(self, t: Table, args: ReleaseArgs) -> Outcome:
-        if t.release_only(*args, self.clock.now(), self.clock.boot_id(), self.probe):
+        r = t.release_only(*args, self.clock.now(), self.clock.boot_id(), self.probe)
+        if r is not None:
+            t.dirty.discard(r.rank)
+            t.removed.add(r.rank)
             return None, None, False
         return TableBackend._release_tx(self, t, args)
 
