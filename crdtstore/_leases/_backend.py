@@ -23,6 +23,9 @@ T = TypeVar("T")
 # (tenant, owner, resources, ttl, key, proc, wait, wall time) of a request
 RequestArgs = tuple[str, str, tuple[str, ...], float, tuple[str, int] | None, Proc, bool, float]
 ReleaseArgs = tuple[str, str, str, int | None]  # (tenant, lease_id, owner, token)
+# (lease id, rank, token, expires_in) of a grant made at once: the rest of its LeaseState is
+# what was asked (see LeaseBackend.request_now)
+Granted = tuple[str, int, int, float]
 # what a transition gives back: its value, the error to raise, whether to wake waiters
 Outcome = tuple[Any, CrdtStoreError | None, bool]
 
@@ -113,10 +116,11 @@ class LeaseBackend(ABC):
 
     def request_now(
         self, tenant: str, owner: str, resources: tuple[str, ...], ttl: float, proc: Proc
-    ) -> LeaseState | None:
+    ) -> Granted | None:
         """A request without a key granted and committed without suspending, when the backend
         can do that at once (nothing else queued, its connection ready); else None, and the
-        caller awaits :meth:`request`. It raises nothing: any refusal is :meth:`request`'s."""
+        caller awaits :meth:`request`. It raises nothing: any refusal is :meth:`request`'s.
+        The grant's :class:`LeaseState` is made from it only if someone reads it."""
         return None
 
     def release_now(self, tenant: str, lease_id: str, owner: str, token: int | None) -> bool:

@@ -34,7 +34,7 @@ MAX_WATCH = 16
 _ids = random.Random()
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_ids.seed)
-_id_bits = _ids.getrandbits  # a lease id: _id_bits(64).to_bytes(8, "big").hex()
+_id_bits = _ids.getrandbits  # a lease id: f"{_id_bits(64):016x}"
 
 
 @dataclass(slots=True)
@@ -246,7 +246,7 @@ class Table:
         else:
             # positional: this is on every request (in the order of Req's fields)
             r = Req(
-                self.next_rank, _id_bits(64).to_bytes(8, "big").hex(), tenant, owner,
+                self.next_rank, f"{_id_bits(64):016x}", tenant, owner,
                 key[0] if key else None, key[1] if key else None,
                 resources, "waiting", None, ttl, proc, False, wall, boot, now, None, now + ttl,
             )  # fmt: skip
@@ -284,7 +284,7 @@ class Table:
         rank, token = self.next_rank, self.next_token
         step, attempt = key if key is not None else (None, None)
         r = self.reqs[rank] = Req(
-            rank, _id_bits(64).to_bytes(8, "big").hex(), tenant, owner, step, attempt,
+            rank, f"{_id_bits(64):016x}", tenant, owner, step, attempt,
             resources, "granted", token, ttl, proc, True, wall, boot, now, now, now + ttl,
         )  # fmt: skip
         self.next_rank, self.next_token = rank + 1, token + 1
@@ -458,13 +458,21 @@ class Table:
         return Table({k: replace(v) for k, v in self.reqs.items()}, self.next_rank, self.next_token)
 
 
-def granted_state(r: Req, now: float) -> LeaseState:
+def granted_state(
+    lease_id: str,
+    rank: int,
+    owner: str,
+    resources: tuple[str, ...],
+    token: int | None,
+    ttl: float,
+    expires_in: float,
+    key: tuple[str, int] | None,
+) -> LeaseState:
     """:meth:`Table.state_of` for a grant (no hints for a waiter), in one step."""
     return lease_state(
         {
-            "lease_id": r.id, "rank": r.rank, "owner": r.owner, "resources": r.resources,
-            "state": "granted", "token": r.token, "ttl": r.ttl, "expires_in": r.expires - now,
-            "key": None if r.step is None or r.attempt is None else (r.step, r.attempt),
+            "lease_id": lease_id, "rank": rank, "owner": owner, "resources": resources,
+            "state": "granted", "token": token, "ttl": ttl, "expires_in": expires_in, "key": key,
             "wake_in": None, "watch_pids": (),
         }
     )  # fmt: skip

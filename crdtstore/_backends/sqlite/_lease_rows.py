@@ -236,7 +236,7 @@ MOVE_GRANT = (
     f"UPDATE {TABLE} SET rank = ?1, id = ?2, tenant = ?3, owner = ?4, step = NULL,"
     " attempt = NULL, resources = ?5, state = 'granted', token = ?6, ttl = ?7, host = ?8,"
     " boot = ?9, pid = ?10, pstart = ?11, acked = 1, created = ?12, clock_boot = ?13,"
-    " requested = ?14, granted_at = ?14, expires = ?15, next_rank = ?1 + 1,"
+    " requested = ?14, granted_at = ?14, expires = ?14 + ?7, next_rank = ?1 + 1,"
     " next_token = ?6 + 1 WHERE rank = 0 AND next_rank = ?1 AND next_token = ?6"
 )
 MOVE_RETIRE = (
@@ -250,11 +250,17 @@ def move_grant_args(r: Req) -> tuple[Any, ...] | None:
     """MOVE_GRANT's values for ``r``, the grant without a key that :meth:`Table.request_alone`
     made on an empty table; None for any other row."""
     p = r.proc
-    if p is None or r.step is not None or r.attempt is not None or r.granted_at != r.requested:
+    if (
+        p is None
+        or r.step is not None
+        or r.attempt is not None
+        or r.granted_at != r.requested
+        or r.expires != r.requested + r.ttl  # MOVE_GRANT adds them up the same way
+    ):
         return None
     return (
         r.rank, r.id, r.tenant, r.owner, _resources_json(r.resources), r.token, r.ttl, p.host,
-        p.boot, p.pid, p.start, r.created, r.clock_boot, r.requested, r.expires,
+        p.boot, p.pid, p.start, r.created, r.clock_boot, r.requested,
     )  # fmt: skip
 
 

@@ -34,7 +34,7 @@ import anyio
 import anyio.to_thread
 
 from ..._errors import BackendError, LeaseLost
-from ..._leases._backend import Outcome, ReleaseArgs, RequestArgs, TableBackend
+from ..._leases._backend import Granted, Outcome, ReleaseArgs, RequestArgs, TableBackend
 from ..._leases._clock import Clock, Proc, ProcessProbe, SystemClock
 from ..._leases._engine import Table, fence_error, granted_state
 from ..._leases._models import LeaseState
@@ -207,7 +207,7 @@ class SQLiteLeases(TableBackend):
 
     def request_now(
         self, tenant: str, owner: str, resources: tuple[str, ...], ttl: float, proc: Proc
-    ) -> LeaseState | None:
+    ) -> Granted | None:
         t = self._cached
         if t is None or t.reqs:
             return None
@@ -227,7 +227,7 @@ class SQLiteLeases(TableBackend):
                 done = self._cursor.execute(  # type: ignore[union-attr]
                     MOVE_GRANT,
                     (r.rank, r.id, tenant, owner, _resources_json(resources), r.token, ttl,
-                     host, pboot, pid, pstart, wall, boot, now, r.expires),
+                     host, pboot, pid, pstart, wall, boot, now),
                 ).rowcount == 1  # fmt: skip
             except sqlite3.Error:
                 done = False  # busy, or stale (see MOVE_GRANT): request() sorts it out
@@ -235,7 +235,7 @@ class SQLiteLeases(TableBackend):
                 self._cached = None
                 return None
             self._moved = r.rank
-            return granted_state(r, now)
+            return r.id, r.rank, r.token, r.expires - now  # type: ignore[return-value]
         finally:
             lock.release()
 
@@ -282,10 +282,6 @@ class SQLiteLeases(TableBackend):
         proc: Proc,
         wait: bool,
     ) -> LeaseState:
-        if key is None:
-            got = self.request_now(tenant, owner, resources, ttl, proc)
-            if got is not None:
-                return got
         args = (tenant, owner, resources, ttl, key, proc, wait, time.time())
         db = self._db
         out = _BUSY
@@ -325,7 +321,10 @@ class SQLiteLeases(TableBackend):
         r = t.request_alone(*args[:6], now, boot, args[7])
         t.dirty.add(r.rank)
         t.meta_dirty = True
-        return granted_state(r, now), None, False  # wakes nobody
+        state = granted_state(
+            r.id, r.rank, r.owner, r.resources, r.token, r.ttl, r.expires - now, r.key
+        )
+        return state, None, False  # wakes nobody
 
     def _release_tx(self, t: Table, args: ReleaseArgs) -> Outcome:
         r = t.release_only(*args, self.clock.now(), self.clock.boot_id(), self.probe)
