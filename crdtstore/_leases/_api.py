@@ -466,6 +466,7 @@ class Lease:
         if self._released:
             return
         got = self._now
+        token: int | None
         if got is not None:
             lease_id, token = got[0], got[2]
         else:

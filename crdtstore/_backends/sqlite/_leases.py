@@ -39,13 +39,13 @@ from ..._leases._clock import Clock, Proc, ProcessProbe, SystemClock
 from ..._leases._engine import Table, fence_error, granted_state
 from ..._leases._models import LeaseState
 from ._lease_rows import (
-    MOVE_GRANT,
-    MOVE_RETIRE,
     _RETIRE_IF_DV,
     _SELECT_ID,
+    MOVE_GRANT,
+    MOVE_RETIRE,
     _insert_args,
-    _resources_json,
     _req,
+    _resources_json,
     create_tables,
     load_table,
     move_grant_args,
