@@ -13,6 +13,9 @@ the cost of the bare write:
 - on rows cached between transitions, valid while ``data_version`` has not moved: a transition
   that writes one row is one statement that writes only if it has not; any other runs in
   ``BEGIN IMMEDIATE`` and checks it there; when it moved, the rows are read again;
+- an uncontended grant and its release (``request_now``/``release_now``, no coroutine) move
+  row 0 to the new rank and back, one statement each that checks the rows it relies on
+  instead (see :data:`._lease_rows.MOVE_GRANT`);
 - the counters (next rank and token) ride in every row written and in row 0, where a removed
   row retires to: no statement for them alone (see :func:`._lease_rows.save_table`).
 
