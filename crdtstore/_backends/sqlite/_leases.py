@@ -4,18 +4,15 @@ Living in the same file is the point: a write to the record that carries a lease
 :func:`check_fence` inside the same ``BEGIN IMMEDIATE`` transaction as the journal append, so
 no grant can change between the check and the write.
 
-Every transition applies the :mod:`._engine` transition to the lease rows (holders and
-waiters, never history) atomically and writes back only what changed, at little more than
-the cost of the bare write:
+Every transition applies the :mod:`._engine` transition to the lease rows atomically and
+writes back only what changed, at little more than the cost of the bare write:
 
 - inline on the event loop on the lease connection (busy timeout 0); a busy write lock is
   retried after a short growing sleep that does not block the loop, up to :data:`BUSY_TIMEOUT`;
-- on rows cached between transitions, valid while ``data_version`` has not moved: a transition
-  that writes one row is one statement that writes only if it has not; any other runs in
-  ``BEGIN IMMEDIATE`` and checks it there; when it moved, the rows are read again;
-- an uncontended grant and its release (``request_now``/``release_now``, no coroutine) move
-  row 0 to the new rank and back, one statement each that checks the rows it relies on
-  instead (see :data:`._lease_rows.MOVE_GRANT`);
+- on rows cached between transitions: a transition that writes one row is one statement that
+  writes only if nobody committed since (``data_version``, or for an uncontended grant and
+  its release the rows it relies on, :data:`._lease_rows.MOVE_GRANT`); any other runs in
+  ``BEGIN IMMEDIATE`` and checks ``data_version`` there; when stale, the rows are read again;
 - the counters (next rank and token) ride in every row written and in row 0, where a removed
   row retires to: no statement for them alone (see :func:`._lease_rows.save_table`).
 
@@ -245,6 +242,9 @@ class SQLiteLeases(TableBackend):
                 return None
             self._moved = r.rank
             return r.id, r.rank, r.token, r.expires - now  # type: ignore[return-value]
+        except BaseException:
+            self._cached = None  # changed, and maybe not as written
+            raise
         finally:
             lock.release()
 
@@ -290,6 +290,9 @@ class SQLiteLeases(TableBackend):
                 return False
             self._moved = 0
             return True
+        except BaseException:
+            self._cached = None  # changed, and maybe not as written
+            raise
         finally:
             lock.release()
 
