@@ -3,6 +3,8 @@ transaction pairs, hand-off latency, and wait times under 8-way contention.
 
     python bench/leases.py            # 3,000 pairs x 5 repeats, 300 hand-offs, 8 x 100 waits
     python bench/leases.py --quick
+    # instructions per pair: (the count at --pairs 1000 - the count at --pairs 0) / 1000
+    PYTHONHASHSEED=0 valgrind --tool=callgrind python bench/leases.py --only context --pairs 1000
 
 - **uncontended pairs/s**: ``backend.request`` + ``backend.release`` (two transitions on the
   lease connection, each reaping, applying the grant rule and writing its one row in one
@@ -154,8 +156,19 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="1,000 pairs x 3, 100 hand-offs")
     ap.add_argument("--backend", default="asyncio", choices=["asyncio", "trio"])
+    ap.add_argument("--only", choices=["raw", "context"],
+                    help="run this variant once, nothing else (for callgrind)")  # fmt: skip
+    ap.add_argument("--pairs", type=int, help="pairs for --only (default: as --quick)")
     args = ap.parse_args(argv)
     n = 1000 if args.quick else 3000
+    if args.only:
+        path = Path(tempfile.mkdtemp(prefix="bench-leases-")) / "only.db"
+        pairs = 1000 if args.pairs is None else args.pairs
+        if args.only == "raw":
+            raw_pairs(path, pairs)
+        else:
+            anyio.run(lease_pairs_context, path, pairs, backend=args.backend)
+        return 0
     repeats = 3 if args.quick else 5
     n_handoff = 100 if args.quick else 300
     rounds = 30 if args.quick else 100

@@ -37,11 +37,11 @@ from .._errors import (
     StoreClosed,
 )
 from .._notify import Notifier, Watch
-from ._backend import LeaseBackend
+from ._backend import Granted, LeaseBackend
 from ._clock import Proc, this_proc
-from ._engine import check_key, check_owner, check_ttl
+from ._engine import check_key, check_owner, check_ttl, granted_state
 from ._models import MAX_TTL, MIN_TTL, LeaseState, LeaseStatus
-from ._resources import canonical_resources
+from ._resources import _one_resource, canonical_resources
 
 log = logging.getLogger("crdtstore.leases")
 
@@ -201,7 +201,10 @@ class Leases:
             InvalidResource: a bad path or item, or an empty set.
             InvalidValue: a TTL outside 0.05 s .. 1 day, a bad owner, key or timeout.
         """
-        res = canonical_resources(resources)
+        if type(resources) is list and len(resources) == 1 and type(resources[0]) is str:
+            res = _one_resource(resources[0])  # canonical_resources' common case, inlined
+        else:
+            res = canonical_resources(resources)
         if timeout is not None:
             if (
                 isinstance(timeout, bool)
@@ -227,7 +230,8 @@ class Lease:
     """A lease on a set of resources; see :meth:`Leases.lease`."""
 
     # Defaults until set on the instance (fewer stores per lease: one is made per acquire).
-    state: LeaseState | None = None
+    _state: LeaseState | None = None
+    _now: Granted | None = None  # a grant made at once, until ``state`` is read
     lost = False
     lost_reason: str | None = None
     waited = 0.0
@@ -254,6 +258,22 @@ class Lease:
         self._proc: Proc = this_proc()
 
     # -- what a holder reads ----------------------------------------------------------------
+
+    @property
+    def state(self) -> LeaseState | None:
+        """The request as the backend last reported it (None before :meth:`acquire`)."""
+        st = self._state
+        if st is None and self._now is not None:
+            # made on first read: most leases granted at once are released unread
+            lease_id, rank, token, expires_in = self._now
+            st = self._state = granted_state(
+                lease_id, rank, self.owner, self.resources, token, self.ttl, expires_in, None
+            )
+        return st
+
+    @state.setter
+    def state(self, value: LeaseState | None) -> None:
+        self._state, self._now = value, None
 
     @property
     def lease_id(self) -> str:
@@ -306,6 +326,26 @@ class Lease:
         backend = leases._backend_or_none
         if backend is None:
             backend = leases.backend  # raises
+        # granted at once, without a coroutine, when the backend can (nothing waited)
+        got = None
+        if self.key is None:
+            got = backend.request_now(
+                leases.tenant, self.owner, self.resources, self.ttl, self._proc
+            )
+        if got is None:
+            await self._request(backend)
+        else:
+            self._state, self._now = None, got
+        due = time.monotonic() + self.ttl / 3
+        if leases._scheduler and due >= leases._due_first:
+            leases._due[self] = due  # what _schedule_heartbeat does then, without the call
+        else:
+            leases._schedule_heartbeat(self, due)
+        return self
+
+    async def _request(self, backend: LeaseBackend) -> None:
+        """Ask ``backend`` (the awaited way), and wait in the queue when not granted at once."""
+        leases = self._leases
         started = time.monotonic()
         watch = leases._watch
         if watch is None:
@@ -321,14 +361,7 @@ class Lease:
             raise
         if st.state != "granted":
             await self._wait(backend, st, started, watch, event)
-        now = time.monotonic()
-        self.waited = now - started
-        due = now + self.ttl / 3
-        if leases._scheduler and due >= leases._due_first:
-            leases._due[self] = due  # what _schedule_heartbeat does then, without the call
-        else:
-            leases._schedule_heartbeat(self, due)
-        return self
+        self.waited = time.monotonic() - started
 
     async def _wait(
         self, backend: LeaseBackend, st: LeaseState, started: float, watch: Watch,
@@ -430,9 +463,17 @@ class Lease:
     ) -> None:
         # release() itself (one coroutine less per ``async with``), except that a loss is not
         # raised over the body's own error, which is the one to report (the loss is logged)
-        st = self.state
-        if self._released or st is None:
+        if self._released:
             return
+        got = self._now
+        token: int | None
+        if got is not None:
+            lease_id, token = got[0], got[2]
+        else:
+            st = self._state
+            if st is None:
+                return
+            lease_id, token = st.lease_id, st.token
         self._released = True
         leases = self._leases
         leases._due.pop(self, None)
@@ -444,15 +485,17 @@ class Lease:
             backend = leases.backend  # raises
         try:
             # the release must run to the end even when our caller is being cancelled
-            if backend.shields_cleanup:
-                await backend.release(leases.tenant, st.lease_id, self.owner, st.token)
+            if backend.release_now(leases.tenant, lease_id, self.owner, token):
+                pass
+            elif backend.shields_cleanup:
+                await backend.release(leases.tenant, lease_id, self.owner, token)
             else:
                 with anyio.CancelScope(shield=True):
-                    await backend.release(leases.tenant, st.lease_id, self.owner, st.token)
+                    await backend.release(leases.tenant, lease_id, self.owner, token)
         except (LeaseNotFound, LeaseLost):
             self._mark_lost("it was gone at release (expired or reaped)")
         if self.lost and exc is None:
-            raise LeaseLost(self.resources[0], self.lost_reason or "lost", st.token)
+            raise LeaseLost(self.resources[0], self.lost_reason or "lost", token)
 
     def __repr__(self) -> str:
         state = "lost" if self.lost else (self.state.state if self.state else "new")

@@ -23,6 +23,9 @@ T = TypeVar("T")
 # (tenant, owner, resources, ttl, key, proc, wait, wall time) of a request
 RequestArgs = tuple[str, str, tuple[str, ...], float, tuple[str, int] | None, Proc, bool, float]
 ReleaseArgs = tuple[str, str, str, int | None]  # (tenant, lease_id, owner, token)
+# (lease id, rank, token, expires_in) of a grant made at once: the rest of its LeaseState is
+# what was asked (see LeaseBackend.request_now)
+Granted = tuple[str, int, int, float]
 # what a transition gives back: its value, the error to raise, whether to wake waiters
 Outcome = tuple[Any, CrdtStoreError | None, bool]
 
@@ -110,6 +113,21 @@ class LeaseBackend(ABC):
             LeaseLost: the lease is not granted, does not cover ``resource``, its token is not
                 ``token``, or it expired.
         """
+
+    def request_now(
+        self, tenant: str, owner: str, resources: tuple[str, ...], ttl: float, proc: Proc
+    ) -> Granted | None:
+        """A request without a key granted and committed without suspending, when the backend
+        can do that at once (nothing else queued, its connection ready); else None, and the
+        caller awaits :meth:`request`. It raises nothing: any refusal is :meth:`request`'s.
+        The grant's :class:`LeaseState` is made from it only if someone reads it."""
+        return None
+
+    def release_now(self, tenant: str, lease_id: str, owner: str, token: int | None) -> bool:
+        """:meth:`release` of the only request, committed without suspending, when the backend
+        can do that at once; else False, nothing changed, and the caller awaits
+        :meth:`release` (which raises what there is to raise)."""
+        return False
 
     async def check_within(
         self, auth: Any, tenant: str, lease_id: str, resource: str, token: int

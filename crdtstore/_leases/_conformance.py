@@ -300,6 +300,38 @@ async def _reboot(b: LeaseBackend, clock: FakeClock, probe: FakeProbe) -> None:
     assert n.token is not None and n.token > a.token, "tokens keep increasing after a reboot"
 
 
+async def _at_once_agrees(b: LeaseBackend, clock: FakeClock, probe: FakeProbe) -> None:
+    """request_now and release_now (which a backend may decline: None, False) decide as
+    request and release do, and a refusal of theirs changes nothing."""
+    seen: list[int] = []
+    for _ in range(3):  # the first may find nothing cached yet
+        got = b.request_now(T, "A", ("f1",), TTL, proc(1))
+        if got is None:
+            s = await _req(b, "A", ("f1",))
+            assert s.token is not None
+            got = (s.lease_id, s.rank, s.token, s.expires_in)
+        lease_id, rank, token, _ = got
+        assert not seen or token > seen[-1], "tokens keep increasing through request_now"
+        seen.append(token)
+        (h,) = (await b.status(T)).holders
+        assert (h.lease_id, h.rank, h.token, h.owner) == (lease_id, rank, token, "A")
+        assert b.request_now(T, "B", ("f1",), TTL, proc(2)) is None, "granted twice at once"
+        before = await b.status(T)
+        for forged in [(T, lease_id, "B", token), (T, lease_id, "A", token + 1), ("u", lease_id,
+                       "A", token), (T, "forged-id", "A", token)]:  # fmt: skip
+            assert not b.release_now(*forged), f"release_now took {forged}"
+            assert comparable(await b.status(T)) == comparable(before)
+        if not b.release_now(T, lease_id, "A", token):
+            await b.release(T, lease_id, "A", token)
+        assert await _holders(b) == [], "released at once"
+    w = await _req(b, "B", ("f1",))
+    a = await _req(b, "A", ("f1",))
+    assert a.token is None and b.request_now(T, "C", ("f1",), TTL, proc(3)) is None, "queued"
+    if not b.release_now(T, w.lease_id, "B", w.token):
+        await b.release(T, w.lease_id, "B", w.token)
+    assert await _holders(b) == ["A"], "a release with a waiter hands off"
+
+
 _CHECKS: list[Check] = [
     _free_resources_are_granted,
     _fifo_hand_off,
@@ -313,4 +345,5 @@ _CHECKS: list[Check] = [
     _dead_holders_are_reaped,
     _tenants_are_isolated,
     _reboot,
+    _at_once_agrees,
 ]

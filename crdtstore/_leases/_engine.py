@@ -34,7 +34,7 @@ MAX_WATCH = 16
 _ids = random.Random()
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_ids.seed)
-_id_bits = _ids.getrandbits  # a lease id: _id_bits(64).to_bytes(8, "big").hex()
+_id_bits = _ids.getrandbits  # a lease id: f"{_id_bits(64):016x}"
 
 
 @dataclass(slots=True)
@@ -246,7 +246,7 @@ class Table:
         else:
             # positional: this is on every request (in the order of Req's fields)
             r = Req(
-                self.next_rank, _id_bits(64).to_bytes(8, "big").hex(), tenant, owner,
+                self.next_rank, f"{_id_bits(64):016x}", tenant, owner,
                 key[0] if key else None, key[1] if key else None,
                 resources, "waiting", None, ttl, proc, False, wall, boot, now, None, now + ttl,
             )  # fmt: skip
@@ -276,28 +276,19 @@ class Table:
         now: float,
         boot: str,
         wall: float,
-    ) -> LeaseState:
-        """A request on an empty table, granted at once: what reap, :meth:`request`,
-        :meth:`grant` and :meth:`state_of` decide there (nothing to reap, re-attach to or wait
-        behind), in one step. The caller checks that the table is empty."""
-        rank, token, expires = self.next_rank, self.next_token, now + ttl
-        lease_id = _id_bits(64).to_bytes(8, "big").hex()
+    ) -> Req:
+        """A request on an empty table, granted at once: what reap, :meth:`request` and
+        :meth:`grant` decide there (nothing to reap, re-attach to or wait behind), in one step
+        (its state is :func:`granted_state`). The caller checks that the table is empty, and
+        marks the row dirty if it writes back through the change tracking."""
+        rank, token = self.next_rank, self.next_token
         step, attempt = key if key is not None else (None, None)
-        self.reqs[rank] = Req(
-            rank, lease_id, tenant, owner, step, attempt, resources, "granted", token, ttl, proc,
-            True, wall, boot, now, now, expires,
+        r = self.reqs[rank] = Req(
+            rank, f"{_id_bits(64):016x}", tenant, owner, step, attempt,
+            resources, "granted", token, ttl, proc, True, wall, boot, now, now, now + ttl,
         )  # fmt: skip
         self.next_rank, self.next_token = rank + 1, token + 1
-        self.meta_dirty = True
-        self.dirty.add(rank)
-        return lease_state(
-            {
-                "lease_id": lease_id, "rank": rank, "owner": owner, "resources": resources,
-                "state": "granted", "token": token, "ttl": ttl, "expires_in": expires - now,
-                "key": None if step is None or attempt is None else (step, attempt),
-                "wake_in": None, "watch_pids": (),
-            }
-        )  # fmt: skip
+        return r
 
     def release_only(
         self,
@@ -308,12 +299,14 @@ class Table:
         now: float,
         boot: str,
         probe: ProcessProbe,
-    ) -> bool:
+    ) -> Req | None:
         """The release of the table's only request, a live grant: what reap, :meth:`release`
-        and :meth:`grant` decide there (nothing to reap, nobody to hand off to). False, with
-        nothing changed, for anything else: the caller then takes the general path."""
+        and :meth:`grant` decide there (nothing to reap, nobody to hand off to); the removed
+        row, which the caller marks removed if it writes back through the change tracking.
+        None, with nothing changed, for anything else: the caller then takes the general
+        path."""
         if len(self.reqs) != 1:
-            return False
+            return None
         (r,) = self.reqs.values()
         if (
             r.id != lease_id
@@ -325,11 +318,9 @@ class Table:
             or r.expires <= now
             or (r.acked and r.proc is not None and probe.is_dead(r.proc))
         ):
-            return False
+            return None
         self.reqs.clear()
-        self.dirty.discard(r.rank)
-        self.removed.add(r.rank)
-        return True
+        return r
 
     def _conflict(self, r: Req) -> LeaseHeld:
         mine = set(r.resources)
@@ -465,6 +456,26 @@ class Table:
 
     def copy(self) -> Table:
         return Table({k: replace(v) for k, v in self.reqs.items()}, self.next_rank, self.next_token)
+
+
+def granted_state(
+    lease_id: str,
+    rank: int,
+    owner: str,
+    resources: tuple[str, ...],
+    token: int | None,
+    ttl: float,
+    expires_in: float,
+    key: tuple[str, int] | None,
+) -> LeaseState:
+    """:meth:`Table.state_of` for a grant (no hints for a waiter), in one step."""
+    return lease_state(
+        {
+            "lease_id": lease_id, "rank": rank, "owner": owner, "resources": resources,
+            "state": "granted", "token": token, "ttl": ttl, "expires_in": expires_in, "key": key,
+            "wake_in": None, "watch_pids": (),
+        }
+    )  # fmt: skip
 
 
 def fence_error(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import json
 import operator
+import re
 import sqlite3
 from collections.abc import Callable
 from typing import Any
@@ -223,6 +224,69 @@ def _insert_args(r: Req, t: Table, dv: int | None) -> tuple[str, tuple[Any, ...]
 
 # step and attempt NULL (see _insert_args)
 _INSERT_GRANT = _insert_for(1 << 4 | 1 << 5, True)[0]
+
+# The two statements of an uncontended acquire+release, each its own transaction, check the
+# rows they rely on rather than data_version (whose pragma function prepares a statement of
+# its own on every run, more than the rest costs). Ranks are never reused, a removal always
+# writes row 0 with the counters of its time (save_table, both formats), and only MOVE_GRANT
+# takes row 0 away. So with an empty table cached at counters (R, T): row 0 still (R, T), and
+# no row R (else the UPDATE fails as not unique), means no request came since, and the grant
+# of R moves row 0 there. With {R} cached: row R still there, no rank above it and no row 0
+# (else not unique) means the same, and the release moves R back to row 0.
+MOVE_GRANT = (
+    f"UPDATE {TABLE} SET rank = ?1, id = ?2, tenant = ?7, owner = ?8, step = NULL,"
+    " attempt = NULL, resources = ?9, state = 'granted', token = ?3, ttl = ?4, host = ?10,"
+    " boot = ?11, pid = ?12, pstart = ?13, acked = 1, created = ?5, clock_boot = ?14,"
+    " requested = ?6, granted_at = ?6, expires = ?6 + ?4, next_rank = ?1 + 1,"
+    " next_token = ?3 + 1 WHERE rank = 0 AND next_rank = ?1 AND next_token = ?3"
+)
+_PARAM = re.compile(r"\?(\d+)")
+
+
+def with_literals(sql: str, values: dict[int, str | int]) -> str | None:
+    """``sql`` with parameters ``?N`` of ``values`` written in as literals: the values that
+    stay the same from one grant of a lease to the next (tenant, owner, resources, process),
+    bound once per statement text instead of once per grant. None when one is not a plain
+    ASCII string without NUL or an int, which a literal might not store as binding does."""
+    for v in values.values():
+        if type(v) is str:
+            if not v.isascii() or "\x00" in v:
+                return None
+        elif type(v) is not int:
+            return None
+
+    def literal(m: re.Match[str]) -> str:
+        v = values.get(int(m.group(1)))
+        if v is None:
+            return m.group(0)
+        return str(v) if type(v) is int else "'" + str(v).replace("'", "''") + "'"
+
+    return _PARAM.sub(literal, sql)
+
+
+MOVE_RETIRE = (
+    f"UPDATE {TABLE} SET rank = 0, "
+    + ", ".join(f"{c.strip()} = NULL" for c in _COLS.split(",")[1:])
+    + f", next_rank = ?1, next_token = ?2 WHERE rank = ?3 AND (SELECT max(rank) FROM {TABLE}) = ?3"
+)
+
+
+def move_grant_args(r: Req) -> tuple[Any, ...] | None:
+    """MOVE_GRANT's values for ``r``, the grant without a key that :meth:`Table.request_alone`
+    made on an empty table; None for any other row."""
+    p = r.proc
+    if (
+        p is None
+        or r.step is not None
+        or r.attempt is not None
+        or r.granted_at != r.requested
+        or r.expires != r.requested + r.ttl  # MOVE_GRANT adds them up the same way
+    ):
+        return None
+    return (
+        r.rank, r.id, r.token, r.ttl, r.created, r.requested, r.tenant, r.owner,
+        _resources_json(r.resources), p.host, p.boot, p.pid, p.start, r.clock_boot,
+    )  # fmt: skip
 
 
 def _insert(db: sqlite3.Connection | sqlite3.Cursor, r: Req, t: Table) -> None:

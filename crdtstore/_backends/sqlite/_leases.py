@@ -4,15 +4,15 @@ Living in the same file is the point: a write to the record that carries a lease
 :func:`check_fence` inside the same ``BEGIN IMMEDIATE`` transaction as the journal append, so
 no grant can change between the check and the write.
 
-Every transition applies the :mod:`._engine` transition to the lease rows (holders and
-waiters, never history) atomically and writes back only what changed, at little more than
-the cost of the bare write:
+Every transition applies the :mod:`._engine` transition to the lease rows atomically and
+writes back only what changed, at little more than the cost of the bare write:
 
 - inline on the event loop on the lease connection (busy timeout 0); a busy write lock is
   retried after a short growing sleep that does not block the loop, up to :data:`BUSY_TIMEOUT`;
-- on rows cached between transitions, valid while ``data_version`` has not moved: a transition
-  that writes one row is one statement that writes only if it has not; any other runs in
-  ``BEGIN IMMEDIATE`` and checks it there; when it moved, the rows are read again;
+- on rows cached between transitions: a transition that writes one row is one statement that
+  writes only if nobody committed since (``data_version``, or for an uncontended grant and
+  its release the rows it relies on, :data:`._lease_rows.MOVE_GRANT`); any other runs in
+  ``BEGIN IMMEDIATE`` and checks ``data_version`` there; when stale, the rows are read again;
 - the counters (next rank and token) ride in every row written and in row 0, where a removed
   row retires to: no statement for them alone (see :func:`._lease_rows.save_table`).
 
@@ -34,18 +34,23 @@ import anyio
 import anyio.to_thread
 
 from ..._errors import BackendError, LeaseLost
-from ..._leases._backend import Outcome, ReleaseArgs, RequestArgs, TableBackend
+from ..._leases._backend import Granted, Outcome, ReleaseArgs, RequestArgs, TableBackend
 from ..._leases._clock import Clock, Proc, ProcessProbe, SystemClock
-from ..._leases._engine import Table, fence_error
+from ..._leases._engine import Table, fence_error, granted_state
 from ..._leases._models import LeaseState
 from ._lease_rows import (
     _RETIRE_IF_DV,
     _SELECT_ID,
+    MOVE_GRANT,
+    MOVE_RETIRE,
     _insert_args,
     _req,
+    _resources_json,
     create_tables,
     load_table,
+    move_grant_args,
     save_table,
+    with_literals,
 )
 
 if TYPE_CHECKING:
@@ -58,6 +63,7 @@ BUSY_TIMEOUT = 30.0  # seconds, as the journal's connections (timeout=30.0)
 _FIRST_RETRY = 0.0001  # seconds before the first retry of a busy transition (doubling)
 _MAX_RETRY = 0.004
 _SQLITE_BUSY, _SQLITE_LOCKED = 5, 6
+_GRANT_SQL_KEPT = 32  # statements of request_now with their values written in, at most
 
 _SYSTEM_CLOCK = SystemClock()
 
@@ -151,6 +157,10 @@ class SQLiteLeases(TableBackend):
         self._db: sqlite3.Connection | None = None
         _INSTANCES.add(self)
         self._one_statement = True  # see _attempt
+        # the rank that MOVE_GRANT moved row 0 to, while it holds (0: row 0 is in place, or
+        # unknown): only its release can be MOVE_RETIRE (see _lease_rows.MOVE_GRANT)
+        self._moved = 0
+        self._grant_sql: dict[tuple[str, str, tuple[str, ...], Proc, str], str] = {}
 
     async def open(self) -> None:
         await self.journal.open()
@@ -198,6 +208,94 @@ class SQLiteLeases(TableBackend):
     # request and release: as the base class has them, minus two coroutines and a closure per
     # transition when the lease connection is ready and the write lock free
 
+    def request_now(
+        self, tenant: str, owner: str, resources: tuple[str, ...], ttl: float, proc: Proc
+    ) -> Granted | None:
+        t = self._cached
+        if t is None or t.reqs:
+            return None
+        # the cache is of this connection, still open (a forked child has no cache)
+        db = self._cached_db
+        if db is not self.journal._lease_db or self._cursor_db is not db:
+            return None
+        lock = self._lock
+        if not lock.acquire(blocking=False):
+            return None
+        try:
+            clock = self.clock
+            now, boot, wall = clock.now(), clock.boot_id(), time.time()
+            r = t.request_alone(tenant, owner, resources, ttl, None, proc, now, boot, wall)
+            key = (tenant, owner, resources, proc, boot)
+            sql = self._grant_sql.get(key)
+            if sql is None:
+                sql = self._grant_sql_for(key)
+            args: tuple[Any, ...] = (r.rank, r.id, r.token, ttl, wall, now)
+            if not sql:  # a value that is not written in
+                sql, args = MOVE_GRANT, (*args, tenant, owner, _resources_json(resources),
+                                         *proc, boot)  # fmt: skip
+            try:
+                done = self._cursor.execute(sql, args).rowcount == 1  # type: ignore[union-attr]
+            except sqlite3.Error:
+                done = False  # busy, or stale (see MOVE_GRANT): request() sorts it out
+            if not done:
+                self._cached = None
+                return None
+            self._moved = r.rank
+            return r.id, r.rank, r.token, r.expires - now  # type: ignore[return-value]
+        except BaseException:
+            self._cached = None  # changed, and maybe not as written
+            raise
+        finally:
+            lock.release()
+
+    def _grant_sql_for(self, key: tuple[str, str, tuple[str, ...], Proc, str]) -> str:
+        """MOVE_GRANT with what stays the same from one grant to the next written in ("" when
+        that cannot be done), kept for the next grant of the same lease."""
+        tenant, owner, resources, (host, pboot, pid, pstart), boot = key
+        values: dict[int, str | int] = {
+            7: tenant, 8: owner, 9: _resources_json(resources), 10: host, 11: pboot,
+            12: pid, 13: pstart, 14: boot,
+        }  # fmt: skip
+        if len(self._grant_sql) >= _GRANT_SQL_KEPT:
+            self._grant_sql.clear()  # SQLite's statement cache keeps only so many
+        sql = self._grant_sql[key] = with_literals(MOVE_GRANT, values) or ""
+        return sql
+
+    def release_now(self, tenant: str, lease_id: str, owner: str, token: int | None) -> bool:
+        t = self._cached
+        rank = self._moved
+        if t is None or not rank:
+            return False
+        db = self._cached_db
+        if db is not self.journal._lease_db or self._cursor_db is not db:
+            return False
+        lock = self._lock
+        if not lock.acquire(blocking=False):
+            return False
+        try:
+            clock = self.clock
+            r = t.release_only(
+                tenant, lease_id, owner, token, clock.now(), clock.boot_id(), self.probe
+            )
+            if r is None:
+                return False
+            try:
+                done = r.rank == rank and self._cursor.execute(  # type: ignore[union-attr]
+                    MOVE_RETIRE, (t.next_rank, t.next_token, rank)
+                ).rowcount == 1  # fmt: skip
+            except sqlite3.Error:
+                done = False  # busy, or stale (see MOVE_GRANT): release() sorts it out
+            if not done:
+                self._cached = None
+                return False
+            self._moved = 0
+            return True
+        except BaseException:
+            self._cached = None  # changed, and maybe not as written
+            raise
+        finally:
+            lock.release()
+
     async def request(
         self,
         tenant: str,
@@ -224,6 +322,8 @@ class SQLiteLeases(TableBackend):
         return state  # type: ignore[no-any-return]
 
     async def release(self, tenant: str, lease_id: str, owner: str, token: int | None) -> None:
+        if self.release_now(tenant, lease_id, owner, token):
+            return
         args = (tenant, lease_id, owner, token)
         db = self._db
         out = _BUSY
@@ -243,10 +343,19 @@ class SQLiteLeases(TableBackend):
         if t.reqs:
             return TableBackend._request_tx(self, t, args)
         now, boot = self.clock.now(), self.clock.boot_id()
-        return t.request_alone(*args[:6], now, boot, args[7]), None, False  # wakes nobody
+        r = t.request_alone(*args[:6], now, boot, args[7])
+        t.dirty.add(r.rank)
+        t.meta_dirty = True
+        state = granted_state(
+            r.id, r.rank, r.owner, r.resources, r.token, r.ttl, r.expires - now, r.key
+        )
+        return state, None, False  # wakes nobody
 
     def _release_tx(self, t: Table, args: ReleaseArgs) -> Outcome:
-        if t.release_only(*args, self.clock.now(), self.clock.boot_id(), self.probe):
+        r = t.release_only(*args, self.clock.now(), self.clock.boot_id(), self.probe)
+        if r is not None:
+            t.dirty.discard(r.rank)
+            t.removed.add(r.rank)
             return None, None, False
         return TableBackend._release_tx(self, t, args)
 
@@ -284,30 +393,51 @@ class SQLiteLeases(TableBackend):
                 self._cursor_db = db
             t = self._cached if self._cached_db is db else None
             if t is not None:
+                empty = not t.reqs
                 try:
                     out = fn(t, arg)
                 except BaseException:
                     self._cached = None
                     raise
                 dirty, removed = t.dirty, t.removed
-                if self._one_statement and len(dirty) + len(removed) == 1:
+                if len(dirty) + len(removed) == 1:
+                    moved = self._moved
+                    args = None
                     if dirty:
-                        sql, args = _insert_args(t.reqs[next(iter(dirty))], t, self._cached_dv)
+                        if empty and len(t.reqs) == 1:
+                            r = t.reqs[next(iter(dirty))]
+                            if r.rank == t.next_rank - 1 and r.token == t.next_token - 1:
+                                args = move_grant_args(r)
+                        if args is not None:
+                            sql, moved = MOVE_GRANT, r.rank
+                        elif self._one_statement:
+                            sql, args = _insert_args(t.reqs[next(iter(dirty))], t, self._cached_dv)
                     else:
-                        sql = _RETIRE_IF_DV
-                        args = (t.next_rank, t.next_token, next(iter(removed)), self._cached_dv)
-                    try:
-                        done = cur.execute(sql, args).rowcount == 1
-                    except sqlite3.OperationalError as exc:
-                        self._cached = None
-                        if _is_busy(exc):
-                            return _BUSY
-                        if "pragma_data_version" not in str(exc):
-                            raise BackendError("sqlite", f"{type(exc).__name__}: {exc}") from exc
-                        self._one_statement = False  # an SQLite without pragma functions
-                        done = False
+                        rank = next(iter(removed))
+                        if rank == moved and not t.reqs:
+                            sql, args, moved = MOVE_RETIRE, (t.next_rank, t.next_token, rank), 0
+                        elif self._one_statement:
+                            sql = _RETIRE_IF_DV
+                            args = (t.next_rank, t.next_token, rank, self._cached_dv)
+                            moved = 0
+                    done = False
+                    if args is not None:
+                        try:
+                            done = cur.execute(sql, args).rowcount == 1
+                        except sqlite3.IntegrityError:
+                            pass  # a MOVE_ statement found another row in its place: stale
+                        except sqlite3.OperationalError as exc:
+                            self._cached = None
+                            if _is_busy(exc):
+                                return _BUSY
+                            if "pragma_data_version" not in str(exc):
+                                raise BackendError(
+                                    "sqlite", f"{type(exc).__name__}: {exc}"
+                                ) from exc
+                            self._one_statement = False  # an SQLite without pragma functions
                     if done:
                         t.clean()
+                        self._moved = moved
                         return out
                     t = self._cached = None  # stale, or never written: the general way
             try:
@@ -334,6 +464,7 @@ class SQLiteLeases(TableBackend):
                     raise BackendError("sqlite", f"{type(exc).__name__}: {exc}") from exc
                 raise
             self._cached, self._cached_db, self._cached_dv = t, db, dv
+            self._moved = 0
             return out
         finally:
             lock.release()
