@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 import json
 import operator
-import re
 import sqlite3
 from collections.abc import Callable
 from typing import Any
@@ -240,30 +239,6 @@ MOVE_GRANT = (
     " requested = ?6, granted_at = ?6, expires = ?6 + ?4, next_rank = ?1 + 1,"
     " next_token = ?3 + 1 WHERE rank = 0 AND next_rank = ?1 AND next_token = ?3"
 )
-_PARAM = re.compile(r"\?(\d+)")
-
-
-def with_literals(sql: str, values: dict[int, str | int]) -> str | None:
-    """``sql`` with parameters ``?N`` of ``values`` written in as literals: the values that
-    stay the same from one grant of a lease to the next (tenant, owner, resources, process),
-    bound once per statement text instead of once per grant. None when one is not a plain
-    ASCII string without NUL or an int, which a literal might not store as binding does."""
-    for v in values.values():
-        if type(v) is str:
-            if not v.isascii() or "\x00" in v:
-                return None
-        elif type(v) is not int:
-            return None
-
-    def literal(m: re.Match[str]) -> str:
-        v = values.get(int(m.group(1)))
-        if v is None:
-            return m.group(0)
-        return str(v) if type(v) is int else "'" + str(v).replace("'", "''") + "'"
-
-    return _PARAM.sub(literal, sql)
-
-
 MOVE_RETIRE = (
     f"UPDATE {TABLE} SET rank = 0, "
     + ", ".join(f"{c.strip()} = NULL" for c in _COLS.split(",")[1:])

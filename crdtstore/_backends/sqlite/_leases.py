@@ -50,7 +50,6 @@ from ._lease_rows import (
     load_table,
     move_grant_args,
     save_table,
-    with_literals,
 )
 
 if TYPE_CHECKING:
@@ -63,7 +62,6 @@ BUSY_TIMEOUT = 30.0  # seconds, as the journal's connections (timeout=30.0)
 _FIRST_RETRY = 0.0001  # seconds before the first retry of a busy transition (doubling)
 _MAX_RETRY = 0.004
 _SQLITE_BUSY, _SQLITE_LOCKED = 5, 6
-_GRANT_SQL_KEPT = 32  # statements of request_now with their values written in, at most
 
 _SYSTEM_CLOCK = SystemClock()
 
@@ -160,7 +158,6 @@ class SQLiteLeases(TableBackend):
         # the rank that MOVE_GRANT moved row 0 to, while it holds (0: row 0 is in place, or
         # unknown): only its release can be MOVE_RETIRE (see _lease_rows.MOVE_GRANT)
         self._moved = 0
-        self._grant_sql: dict[tuple[str, str, tuple[str, ...], Proc, str], str] = {}
 
     async def open(self) -> None:
         await self.journal.open()
@@ -225,16 +222,10 @@ class SQLiteLeases(TableBackend):
             clock = self.clock
             now, boot, wall = clock.now(), clock.boot_id(), time.time()
             r = t.request_alone(tenant, owner, resources, ttl, None, proc, now, boot, wall)
-            key = (tenant, owner, resources, proc, boot)
-            sql = self._grant_sql.get(key)
-            if sql is None:
-                sql = self._grant_sql_for(key)
-            args: tuple[Any, ...] = (r.rank, r.id, r.token, ttl, wall, now)
-            if not sql:  # a value that is not written in
-                sql, args = MOVE_GRANT, (*args, tenant, owner, _resources_json(resources),
-                                         *proc, boot)  # fmt: skip
+            args = (r.rank, r.id, r.token, ttl, wall, now, tenant, owner,
+                    _resources_json(resources), *proc, boot)  # fmt: skip
             try:
-                done = self._cursor.execute(sql, args).rowcount == 1  # type: ignore[union-attr]
+                done = self._cursor.execute(MOVE_GRANT, args).rowcount == 1  # type: ignore[union-attr]
             except sqlite3.Error:
                 done = False  # busy, or stale (see MOVE_GRANT): request() sorts it out
             if not done:
@@ -247,19 +238,6 @@ class SQLiteLeases(TableBackend):
             raise
         finally:
             lock.release()
-
-    def _grant_sql_for(self, key: tuple[str, str, tuple[str, ...], Proc, str]) -> str:
-        """MOVE_GRANT with what stays the same from one grant to the next written in ("" when
-        that cannot be done), kept for the next grant of the same lease."""
-        tenant, owner, resources, (host, pboot, pid, pstart), boot = key
-        values: dict[int, str | int] = {
-            7: tenant, 8: owner, 9: _resources_json(resources), 10: host, 11: pboot,
-            12: pid, 13: pstart, 14: boot,
-        }  # fmt: skip
-        if len(self._grant_sql) >= _GRANT_SQL_KEPT:
-            self._grant_sql.clear()  # SQLite's statement cache keeps only so many
-        sql = self._grant_sql[key] = with_literals(MOVE_GRANT, values) or ""
-        return sql
 
     def release_now(self, tenant: str, lease_id: str, owner: str, token: int | None) -> bool:
         t = self._cached
