@@ -22,6 +22,7 @@ from bisect import bisect_right
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any, ClassVar, Literal
 
 import anyio
@@ -40,6 +41,7 @@ _BLOCK = 512  # older rows: packed by blocks of this many
 # not a thousand appends later (a reader of them, rarely any, decodes their blocks).
 _DIRECT = 256
 _NAMES = (0, 1, 2, 7, 8)  # agent, source, client_id, origin, call
+_COLUMNS = [itemgetter(i) for i in range(len(NewEntry._fields))]
 
 # A block of consecutive rows: (first seq, last seq, the rows' columns as plain tuples in one
 # marshal blob), or, if marshal cannot hold them (values that are not JSON-like builtins, which
@@ -59,9 +61,11 @@ def _pack_block(first: int, entries: Sequence[NewEntry]) -> _Block:
     n = len(entries)
     blob: Any
     try:
-        # by columns (transposed at C speed; marshal's references share repeated strings), a
-        # column of the writer's names or client id that holds one value as that value alone
-        cols = list(zip(*entries, strict=True))
+        # by columns (taken at C speed, one pass a column: zip(*entries) would hold an
+        # iterator per entry at once, enough to start a collection of the cyclic GC; marshal's
+        # references share repeated strings), a column of the writer's names or client id
+        # that holds one value as that value alone
+        cols = [list(map(get, entries)) for get in _COLUMNS]
         for i in _NAMES:
             col = cols[i]
             if type(col[0]) in (str, int) and col.count(col[0]) == n:
@@ -169,6 +173,9 @@ class MemoryJournal(JournalBackend):
     """A journal held in this process's memory."""
 
     name = "memory"
+    # append() takes entries as plain tuples in NewEntry's field order too (a record's
+    # committer builds no namedtuple per entry then)
+    plain_entries = True
     _shared: ClassVar[dict[str, _Data]] = {}
 
     def __init__(self, url: str) -> None:
