@@ -76,6 +76,21 @@ def _pack_block(first: int, entries: Sequence[NewEntry]) -> _Block:
     return (first, first + n - 1, blob)
 
 
+def _entries_of(n: int, cols: Sequence[list[Any]]) -> list[NewEntry]:
+    """The ``n`` entries given by columns (see :meth:`MemoryJournal.append_columns`)."""
+    full = [col if len(col) == n else col * n for col in cols]
+    return [_tuple_new(NewEntry, e) for e in zip(*full, strict=True)]
+
+
+def _pack_columns(first: int, n: int, cols: list[list[Any]]) -> _Block:
+    """A block of the ``n`` entries given by columns (see
+    :meth:`MemoryJournal.append_columns`), the first at journal position ``first``."""
+    try:
+        return (first, first + n - 1, _dumps(tuple(cols)))
+    except ValueError:
+        return _pack_block(first, _entries_of(n, cols))
+
+
 def _unpack_block(block: _Block) -> list[Row]:
     first, last, blob = block
     if type(blob) is not bytes:
@@ -173,9 +188,6 @@ class MemoryJournal(JournalBackend):
     """A journal held in this process's memory."""
 
     name = "memory"
-    # append() takes entries as plain tuples in NewEntry's field order too (a record's
-    # committer builds no namedtuple per entry then)
-    plain_entries = True
     _shared: ClassVar[dict[str, _Data]] = {}
 
     def __init__(self, url: str) -> None:
@@ -277,6 +289,35 @@ class MemoryJournal(JournalBackend):
             if len(recent) >= _RECENT + _BLOCK:
                 r.pack()
         r.head = head + len(entries)
+        return list(range(head + 1, r.head + 1))
+
+    async def append_columns(
+        self, tenant: str, run: str, columns: Sequence[list[Any]], *, durable: bool
+    ) -> list[int]:
+        """:meth:`append` of entries given by columns: :class:`NewEntry`'s fields in order,
+        each a list with an item per entry, or one item that every entry has (what a record's
+        committer hands over: a group commit goes into blocks without a tuple per entry)."""
+        r = self._run(tenant, run)
+        if r.lock is not None and r.lock.locked():
+            async with r.lock:  # wait for an open authority transaction to end
+                pass
+        return self._append_columns(tenant, run, columns)
+
+    def _append_columns(self, tenant: str, run: str, columns: Sequence[list[Any]]) -> list[int]:
+        n = max(map(len, columns))
+        if n < _DIRECT:  # (a few entries: kept as tuples among the recent ones)
+            return self._append(tenant, run, _entries_of(n, columns))
+        r = self._run(tenant, run)
+        if r.state != "open":
+            raise RunClosed(tenant, run, r.state)
+        if r.recent:
+            r.pack_all(())
+        head = r.head
+        for at in range(0, n, _BLOCK):
+            part = [col if len(col) == 1 else col[at : at + _BLOCK] for col in columns]
+            r.blocks.append(_pack_columns(head + 1 + at, min(_BLOCK, n - at), part))
+        r.head = head + n
+        r.recent_first = r.head + 1
         return list(range(head + 1, r.head + 1))
 
     async def read(
