@@ -16,8 +16,8 @@ import time
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
-from itertools import accumulate, islice
-from operator import lt
+from itertools import accumulate, islice, repeat
+from operator import add, lt
 from typing import Any, NamedTuple
 
 from .._heap import release_free_memory
@@ -251,9 +251,10 @@ class _Settled:
 
         At C speed but for a few steps per chunk of old keys: the run is rebuilt chunk by
         chunk, each chunk's old keys and the new keys that sort among them going into one
-        dict (a key already here takes its new position in place) sorted again. A chunk at a
-        time, so that the old keys are never all Python objects at once: their peak would
-        stay in the process as free pools of the allocator (see ``bench/memory.py``).
+        dict (a key already here takes its new position in place) sorted again, a chunk none
+        sorts among copied as it is. A chunk at a time, so that the old keys are never all
+        Python objects at once: their peak would stay in the process as free pools of the
+        allocator (see ``bench/memory.py``).
         """
         if not new:
             return
@@ -275,27 +276,30 @@ class _Settled:
         j = 0  # the first new key not taken in yet
         for start in range(0, n, _CHUNK):
             stop = min(start + _CHUNK, n)
-            bounds = offs[start : stop + 1]
-            old = [blob[a:b] for a, b in zip(bounds, islice(bounds, 1, None), strict=False)]
             if stop == n:
                 hi = len(ordered)
             else:  # the new keys up to this chunk's last (which one of them may replace)
-                hi = bisect_right(ordered, old[-1].decode("utf-8", "surrogatepass"), j)
-            if hi == j:
-                keys, chunk_seqs = old, seqs[start:stop]
-            else:
-                part = ordered[j:hi]
-                j = hi
-                combined = dict(zip(old, seqs[start:stop], strict=True))
-                combined.update(
-                    zip(
-                        [k.encode("utf-8", "surrogatepass") for k in part],
-                        map(new.__getitem__, part),
-                        strict=True,
-                    )
+                last = blob[offs[stop - 1] : offs[stop]].decode("utf-8", "surrogatepass")
+                hi = bisect_right(ordered, last, j)
+            if hi == j:  # no new key among this chunk's (keys that grow): taken as they are
+                pieces.append(blob[offs[start] : offs[stop]])
+                shift = out_offs[-1] - offs[start]
+                out_offs.extend(map(add, offs[start + 1 : stop + 1], repeat(shift)))
+                out_seqs.extend(seqs[start:stop])
+                continue
+            bounds = offs[start : stop + 1]
+            old = [blob[a:b] for a, b in zip(bounds, islice(bounds, 1, None), strict=False)]
+            part, j = ordered[j:hi], hi
+            combined = dict(zip(old, seqs[start:stop], strict=True))
+            combined.update(
+                zip(
+                    [k.encode("utf-8", "surrogatepass") for k in part],
+                    map(new.__getitem__, part),
+                    strict=True,
                 )
-                keys = sorted(combined)
-                chunk_seqs = array(out_seqs.typecode, map(combined.__getitem__, keys))
+            )
+            keys = sorted(combined)
+            chunk_seqs = array(out_seqs.typecode, map(combined.__getitem__, keys))
             pieces.append(b"".join(keys))
             out_offs.extend(islice(accumulate(map(len, keys), initial=out_offs[-1]), 1, None))
             out_seqs.extend(chunk_seqs)
@@ -334,10 +338,9 @@ class ProvenanceIndex:
         One table row per entry (none if every key it wrote was overwritten since), and a
         dict store per key still pointing at ``meta``; no per-key tuple is rebuilt.
         """
-        index = self.index
+        index, coll_seq = self.index, self.coll_seq
         if seq > self.head:
             self.head = seq
-        coll_seq = self.coll_seq
         held = False
         for op in ops:
             coll_seq[op[1]] = seq
