@@ -308,7 +308,7 @@ class _Settled:
         self.seqs = out_seqs
 
 
-_CHUNK = 4096  # old keys of a settled run that its merge holds as objects at a time
+_CHUNK = 512  # old keys of a settled run that its merge holds as objects at a time
 _SETTLE_MIN = 4096  # index entries of a collection kept as a dict before settling them
 
 
