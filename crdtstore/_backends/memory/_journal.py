@@ -4,13 +4,14 @@
 shared by every ``open_store`` call of this process (handy in notebooks and tests).
 Nothing survives the process.
 
-The newest entries (about a thousand) are kept as the :class:`NewEntry` tuples appended,
-numbered from ``recent_first``: appending builds nothing per entry, and a reader gets them
-without decoding anything (a :class:`Row` is made per entry read; the writing record itself
-rarely reads its own). Older entries are packed by blocks of 512 into one ``marshal`` blob each
-(by columns) and decoded again when read. A long run's journal is then a few untracked bytes
-objects instead of several GC-tracked containers per entry (the tuple and the lists of its
-effect), which every full collection of the cyclic GC would rescan.
+The newest entries of small appends (about a thousand) are kept as the :class:`NewEntry`
+tuples appended, numbered from ``recent_first``: appending builds nothing per entry, and a
+reader gets them without decoding anything (a :class:`Row` is made per entry read). Older
+entries, and at once a record's group commit (many entries, handed over by columns:
+:meth:`MemoryJournal.append_columns`; the writing record itself rarely reads its own), are
+packed by blocks of up to 512 into one ``marshal`` blob each (by columns) and decoded again
+when read. A long run's journal is then a few untracked bytes objects instead of several
+GC-tracked containers per entry, which every full collection of the cyclic GC would rescan.
 """
 
 from __future__ import annotations
