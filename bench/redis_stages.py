@@ -10,7 +10,8 @@ store of a ``redis-server`` started here, with timestamps (one machine, one cloc
 - **write**: just before ``await m.set(...)`` (the value written);
 - **append sent / answered**: around the journal append of the writer's committer;
 - **XREAD**: when the reader's stream read loop got the entry (its reply parsed);
-- **read**: when the reader's record tail read it (woken by the stream read);
+- **read**: when the reader's record tail read it (woken by the stream read), or took it
+  from the stream read's entries at its wake-up (``RedisJournal.kept``);
 - **observed**: when the reader's ``changes()`` consumer saw it.
 
 It prints the p50/p99 of each stage's share (from the previous stamp) and of the total, and
@@ -54,10 +55,7 @@ def child(
         observed: dict[tuple[int, int], int] = {}
         expected = (procs - 1) * n
         done = anyio.Event()
-        async with (
-            crdtstore.open_store(url) as store,
-            store.open_record("prop", f"p{idx}", "tool") as rec,
-        ):
+        async with crdtstore.open_store(url) as store:
             backend: Any = store.backend
             append, read = backend.append, backend.read
 
@@ -75,6 +73,17 @@ def child(
                 return rows
 
             backend.append, backend.read = timed_append, timed_read
+            kept = getattr(backend, "kept", None)
+            if kept is not None:  # (a record's tail takes entries from the stream read)
+
+                def timed_kept(*a: Any) -> list[Any] | None:
+                    rows: list[Any] | None = kept(*a)
+                    t = now()
+                    for r in rows or ():
+                        reads.setdefault(r.seq, t)
+                    return rows
+
+                backend.kept = timed_kept
             tail = backend.tail
             if tail is not None:
                 handle = tail._handle
@@ -88,37 +97,40 @@ def child(
                     handle(got)
 
                 tail._handle = timed_handle
-            stream = rec.changes(local=False, buffer=100_000)
+            async with store.open_record("prop", f"p{idx}", "tool") as rec:
+                stream = rec.changes(local=False, buffer=100_000)
 
-            async def consume() -> None:
-                async for change in stream:
-                    t = now()
-                    for op in change.ops:
-                        if op[0] == "map" and op[2] == "set":
-                            who, i = op[3][1:].rsplit("-", 1)
-                            observed[(int(who), int(i))] = t
-                    if len(observed) >= expected:
-                        done.set()
-                        return
+                async def consume() -> None:
+                    async for change in stream:
+                        t = now()
+                        for op in change.ops:
+                            if op[0] == "map" and op[2] == "set":
+                                who, i = op[3][1:].rsplit("-", 1)
+                                observed[(int(who), int(i))] = t
+                        if len(observed) >= expected:
+                            done.set()
+                            return
 
-            m = rec.map("m")
-            rng = random.Random(idx)
-            written: list[int] = []
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(consume)
-                await anyio.to_thread.run_sync(barrier.wait)
-                c0, t0 = time.process_time(), time.perf_counter()
-                for i in range(n):
-                    stamp = now()
-                    written.append(stamp)
-                    await m.set(f"p{idx}-{i}", stamp)
-                    await anyio.sleep(interval * rng.uniform(0.5, 1.5))
-                await rec.flush()
-                with anyio.move_on_after(30):
-                    await done.wait()
-                cpu_s = time.process_time() - c0
-                cpu = cpu_s / (time.perf_counter() - t0)
-                tg.cancel_scope.cancel()
+                m = rec.map("m")
+                rng = random.Random(idx)
+                written: list[int] = []
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(consume)
+                    await anyio.to_thread.run_sync(barrier.wait)
+                    c0, t0 = time.process_time(), time.perf_counter()
+                    s0 = os.times().system
+                    for i in range(n):
+                        stamp = now()
+                        written.append(stamp)
+                        await m.set(f"p{idx}-{i}", stamp)
+                        await anyio.sleep(interval * rng.uniform(0.5, 1.5))
+                    await rec.flush()
+                    with anyio.move_on_after(30):
+                        await done.wait()
+                    cpu_s = time.process_time() - c0
+                    sys_s = os.times().system - s0
+                    cpu = cpu_s / (time.perf_counter() - t0)
+                    tg.cancel_scope.cancel()
         seq_of: dict[int, tuple[int, int, int]] = {}  # i -> (seq, sent, answered)
         k = 0
         for sent, answered, seqs in appends:
@@ -134,6 +146,7 @@ def child(
             "observed": observed,
             "cpu": cpu,
             "cpu_s": cpu_s,
+            "sys_s": sys_s,
             "batches": len(appends),
         }
 
@@ -329,8 +342,10 @@ def main(argv: list[str] | None = None) -> int:
     batches = sum(r["batches"] for r in results)
     writes = args.procs * args.n
     client_us = sum(r["cpu_s"] for r in results) / writes * 1e6
+    client_sys_us = sum(r["sys_s"] for r in results) / writes * 1e6
     print(f"CPU per process {cpu * 100:.0f}%; {batches:,} appends for {writes:,} writes")
     print(f"CPU per write (all processes, writing and observing): clients {client_us:.0f} us"
+          f" (system {client_sys_us:.0f} us)"
           f" + redis-server {server_cpu / writes * 1e6:.0f} us")  # fmt: skip
     print("(xread is from the writer's append sent; 'append' overlaps it)")
     table(["server command", "calls", "us/call"], stats)

@@ -11,7 +11,6 @@ Only glibc has it: elsewhere (musl, macOS, Windows) :func:`release_free_memory` 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import sys
 from collections.abc import Callable
@@ -28,8 +27,9 @@ def _malloc_trim() -> Callable[[int], int] | None:
         _looked = True
         if sys.platform.startswith("linux"):
             try:
-                libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-                func = libc.malloc_trim  # AttributeError: not glibc
+                # the process's own symbols (libc among them), not find_library: that runs
+                # ldconfig in a subprocess and leaves its objects among a load's freed ones
+                func = ctypes.CDLL(None).malloc_trim  # AttributeError: not glibc
             except (OSError, AttributeError):
                 func = None
             if func is not None:

@@ -32,6 +32,8 @@ from pathlib import Path
 import anyio
 from anyio.abc import SocketAttribute, TaskStatus
 
+from ._events import event_factory
+
 log = logging.getLogger("crdtstore.notify")
 
 # A listing of the socket folder is reused while the folder's mtime stays what it was, if the
@@ -50,23 +52,30 @@ class Watch:
         event: set (and replaced) on every wake-up; take it before reading.
         head: the highest journal position a wake-up announced.
         blind: how many wake-ups announced no position.
+        direct: set by the one reader while it waits: a wake-up calls it first, and sets
+            no event when it returns True (it took in what was announced, at once).
     """
 
-    __slots__ = ("blind", "event", "head", "polled", "users")
+    __slots__ = ("_new", "blind", "direct", "event", "head", "polled", "users")
 
     def __init__(self, polled: bool = True) -> None:
-        self.event = anyio.Event()
+        self._new = event_factory()
+        self.event = self._new()
         self.users = 0
         self.head = 0
         self.blind = 0
         self.polled = polled  # woken by Notifier.poll (journal readers; not lease hand-offs)
+        self.direct: Callable[[], bool] | None = None
 
     def fire(self, seq: int | None = None) -> None:
         if seq is None:
             self.blind += 1
         elif seq > self.head:
             self.head = seq
-        old, self.event = self.event, anyio.Event()
+        direct = self.direct
+        if direct is not None and self.users == 1 and direct():
+            return
+        old, self.event = self.event, self._new()
         old.set()
 
 

@@ -546,7 +546,8 @@ class Hub(_RunLoader):
         if update in _EMPTY_UPDATES:
             conn.room.release(reservation)
             return
-        self.metrics.update_received()
+        metrics = self.metrics
+        metrics.update_received()
         rec = conn.room.rec
         assert rec is not None
         token = _CURRENT.set(conn)
@@ -573,8 +574,9 @@ class Hub(_RunLoader):
         finally:
             _CURRENT.reset(token)
             conn.room.release(reservation)
-        conn.room.broadcast(encode(Update(update)) if frame is None else frame, exclude=conn)
-        self.metrics.update_broadcast(max(0, len(conn.room._targets or ()) - 1))
+        room = conn.room
+        room.broadcast(encode(Update(update)) if frame is None else frame, exclude=conn)
+        metrics.update_broadcast(max(0, len(room._targets or ()) - 1))
 
     async def _refuse(self, ws: ServerConnection, code: int, reason: str) -> None:
         """Close a connection that is not served with ``code`` (counted in the metrics)."""

@@ -6,7 +6,8 @@ Every hub has its own :class:`HubMetrics` (``hub.metrics``) with its own
 one process). The counters on the hub's hot paths (one per update, per delivery) are plain
 integers, read by a collector when the registry is scraped, so counting costs an addition;
 the gauges (connections, runs, tenants, queued frames) are read from the hub at scrape time;
-the journal commit latency is a ``prometheus_client.Histogram``. The instrumented modules
+so is the journal commit latency histogram (bucket counts, summed up at scrape time: one
+bisect per commit, no lock). The instrumented modules
 call this one with one line each.
 
 Both endpoints are for an operator only: on the hub's port with an operator token
@@ -20,14 +21,20 @@ from __future__ import annotations
 import hmac
 import logging
 import weakref
+from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import parse_qs, urlsplit
 
 import anyio
 from anyio.abc import TaskStatus
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.http11 import Request as HttpRequest
@@ -102,15 +109,13 @@ class HubMetrics:
         self._granted: dict[str, int | None] = {}  # lease id -> its grant's token
         self._waiting: dict[str, None] = {}  # lease ids counted as waiting
         self._watched: weakref.WeakSet[Any] = weakref.WeakSet()
-        self.commit_seconds = Histogram(
-            "crdtstore_hub_journal_commit_seconds",
-            "Time one journal commit of a run's record took (an append of a batch of entries).",
-            ["path"],
-            registry=self.registry,
-            buckets=_COMMIT_BUCKETS,
-        )
-        for path in ("loop", "committer"):  # (exposed from the start, at zero)
-            self.commit_seconds.labels(path)
+        # the journal commit latency per path ("loop", "committer"): a count per bucket of
+        # _COMMIT_BUCKETS (a commit of exactly a bound counts in it) and one past the last,
+        # and the sum of the seconds
+        self.commit_buckets: dict[str, list[int]] = {
+            path: [0] * (len(_COMMIT_BUCKETS) + 1) for path in ("loop", "committer")
+        }
+        self.commit_seconds_sum: dict[str, float] = {"loop": 0.0, "committer": 0.0}
         self.registry.register(_Collector(self))
 
     # -- what the hub's modules call ------------------------------------------------------------
@@ -174,11 +179,11 @@ class HubMetrics:
         if rec in self._watched:
             return
         self._watched.add(rec)
-        loop = self.commit_seconds.labels("loop").observe
-        committer = self.commit_seconds.labels("committer").observe
+        buckets, sums = self.commit_buckets, self.commit_seconds_sum
 
         def observed(path: str, entries: int, seconds: float) -> None:
-            (loop if path == "loop" else committer)(seconds)
+            buckets[path][bisect_left(_COMMIT_BUCKETS, seconds)] += 1
+            sums[path] += seconds
             self.commits += 1
             self.committed_entries += entries
 
@@ -304,6 +309,18 @@ class _Collector(Collector):
         for code, count in sorted(m.refusals.items()):
             refusals.add_metric([code], count)
         yield refusals
+        commit_seconds = HistogramMetricFamily(
+            "crdtstore_hub_journal_commit_seconds",
+            "Time one journal commit of a run's record took (an append of a batch of entries).",
+            labels=["path"],
+        )
+        for path, counts in m.commit_buckets.items():
+            cumulative, total = [], 0
+            for bound, count in zip((*map(str, _COMMIT_BUCKETS), "+Inf"), counts, strict=True):
+                total += count
+                cumulative.append((bound, total))
+            commit_seconds.add_metric([path], cumulative, m.commit_seconds_sum[path])
+        yield commit_seconds
         for name, (doc, gauge) in m._gauges().items():
             yield GaugeMetricFamily(name, doc, value=gauge)
 

@@ -80,13 +80,18 @@ class Received:
 def _apply(document: Document, update: bytes) -> None:
     try:
         document.apply_update(update)
-    except PayloadTooLarge as exc:
+    except (PayloadTooLarge, InvalidUpdate, ValueError) as exc:
+        raise _refusal(exc) from None
+
+
+def _refusal(exc: Exception) -> ProtocolError:
+    """The :class:`ProtocolError` of a document's refusal of an update."""
+    if isinstance(exc, PayloadTooLarge):
         code = (
             CloseCode.DOCUMENT_TOO_LARGE if exc.what == "document" else CloseCode.MESSAGE_TOO_LARGE
         )
-        raise ProtocolError(str(exc), code) from None
-    except (InvalidUpdate, ValueError) as exc:
-        raise ProtocolError(f"update refused: {exc}", CloseCode.INVALID_UPDATE) from None
+        return ProtocolError(str(exc), code)
+    return ProtocolError(f"update refused: {exc}", CloseCode.INVALID_UPDATE)
 
 
 def _step2_for(document: Document, state_vector: bytes) -> SyncStep2:
@@ -270,7 +275,10 @@ class ServerSession(_Session):
             if not second or second >= 0x80 or size != 4 + ((first & 0x7F) | (second << 7)):
                 return None
             update = bytes(frame[4:])
-        _apply(self.document, update)
+        try:
+            self.document.apply_update(update)
+        except (PayloadTooLarge, InvalidUpdate, ValueError) as exc:
+            raise _refusal(exc) from None
         self.updates_applied += 1
         self.frames_received += 1
         return update

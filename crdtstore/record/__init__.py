@@ -29,6 +29,7 @@ tests/project/test_import_graph.py) and crdtstore's lower layers (``_journal``, 
       _item_provenance  who brought each list item and text span (item id ranges)
         _text_ids       the exact item id of a text's character (block starts)
       _provenance     Meta and the provenance index
+        _settled        its packed part: keys sorted in one byte string, positions in arrays
       _pycrdt         the one user of pycrdt's internals (off: CRDTSTORE_PYCRDT_INTERNALS=0)
     _textdiff       text_diff, apply_text_edits (pure)
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from builtins import list as _List
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import anyio
 
+from .._events import event_factory
 from .._journal import Op
 from .._models import Change, Version
 from .._names import check_name
@@ -24,11 +25,12 @@ from ._state import READ_CHUNK
 
 
 class _Subscriber:
-    __slots__ = ("event", "lost", "queue")
+    __slots__ = ("event", "lost", "new_event", "queue")
 
     def __init__(self, maxlen: int) -> None:
         self.queue: deque[Change] = deque(maxlen=maxlen)
         self.event = anyio.Event()
+        self.new_event: Callable[[], anyio.Event] | None = None  # (chosen on the first wait)
         self.lost = 0
 
 
@@ -180,7 +182,10 @@ class ChangeStream(AsyncIterator[Change]):
                 if self._rec._state != "open":
                     self.close()
                     raise StopAsyncIteration
-                sub.event = anyio.Event()
+                new = sub.new_event
+                if new is None:
+                    new = sub.new_event = event_factory()
+                sub.event = new()
                 await sub.event.wait()
                 continue
             change = sub.queue.popleft()

@@ -14,6 +14,7 @@ from typing import Any, Self
 
 from pycrdt import merge_updates
 
+from .._errors import InvalidUpdate
 from .._journal import Op
 from ..codec import (
     TYPE_REFS,
@@ -39,6 +40,7 @@ from ._effects import (
 )
 from ._item_provenance import touches_items
 from ._provenance import Meta
+from ._pycrdt import DirectTransaction
 from ._replay import JournalReplay
 
 log = logging.getLogger("crdtstore.replica")
@@ -46,6 +48,8 @@ log = logging.getLogger("crdtstore.replica")
 
 class ExternalUpdates(JournalReplay):
     """Foreign updates applied to a replica with their effect (see the module docstring)."""
+
+    fused = True  # the usual update takes _apply_maps (False: the general path, for tests)
 
     def __init__(self, *, max_update: int = DEFAULT_MAX_UPDATE) -> None:
         super().__init__(max_update=max_update)
@@ -145,7 +149,17 @@ class ExternalUpdates(JournalReplay):
             if meta is not None and observed[1] is not None and touches_items(observed[0]):
                 self.items.foreign(observed[1], meta)  # (what the document took in)
             return observed
+        assert decoded is not None
         refs, fresh, others, registry_touched = plan
+        if (
+            self.fused
+            and others is not None
+            and not others
+            and not registry_touched
+            and not decoded.nested
+            and (not register or (not self._undetermined and self._roots_known(refs)))
+        ):
+            return self._apply_maps(update, decoded, refs, fresh, before, meta)
         ops: list[Op] = []
         texts_after: dict[str, tuple[str, int] | None] = {}
         watched = [
@@ -175,7 +189,6 @@ class ExternalUpdates(JournalReplay):
         deleted, self._captured_deletes = self._captured_deletes, None
         if synced:  # what the update wrote is in the key index: it covers the document still
             self._keys_at = self._transactions
-        assert decoded is not None
         map_ops, unregistered = self._map_ops(update, decoded, refs, fresh, deleted, before, meta)
         registry_touched = registry_touched or unregistered
         registered = self._register_roots(update, decoded, refs, others) if register else None
@@ -227,6 +240,57 @@ class ExternalUpdates(JournalReplay):
         self._keys_sv = decode_state_vector(self.doc.get_state())
         self._keys_at = self._transactions
         return True
+
+    def _roots_known(self, refs: list[Any]) -> bool:
+        """Whether every root the entries ``refs`` write to is checked (registered, reserved
+        or invalid: with no root undetermined, :meth:`_register_roots` would register none)."""
+        checked = self._roots_checked
+        for ref in refs:  # noqa: SIM110 (a loop: any() of a generator costs more on this path)
+            if ref is None or ref[0] not in checked:
+                return False
+        return True
+
+    def _apply_maps(
+        self,
+        update: bytes,
+        decoded: Decoded,
+        refs: list[Any],
+        fresh: list[bool],
+        before: dict[str, str],
+        meta: Meta | None,
+    ) -> tuple[list[Op], bytes | None]:
+        """:meth:`apply_external` of an update that writes and deletes only map entries, none
+        of the registry nor of a root to register (a map set): the general path without what
+        it cannot need (effect observers, text caches, root registration, item provenance)."""
+        kinds = self._kinds
+        self._kinds = {}  # (apply_update empties the cache; it is kept if the registry is)
+        self._captured = self._captured_deletes = None
+        self._capturing = self._deletes_wanted = True
+        direct = self._direct or DirectTransaction(self.doc)
+        self._direct = direct
+        try:
+            if not direct.apply(update):  # (pycrdt's apply_update without its Python frames)
+                self.apply_update(update, trial_decode=False, size_limit=False, nested=False)
+        except BaseException as exc:
+            # the index took in entries the document refused: rebuild it from the document
+            self._keys, self._keys_sv, self._keys_at = None, {}, -1
+            if isinstance(exc, (KeyboardInterrupt, SystemExit, InvalidUpdate)):
+                raise
+            raise InvalidUpdate(f"{type(exc).__name__}: {exc}") from None
+        finally:
+            self._capturing = self._deletes_wanted = False
+        delta, self._captured = self._captured, None
+        deleted, self._captured_deletes = self._captured_deletes, None
+        self._keys_at = self._transactions  # (_plan synced it: what the update wrote is in)
+        ops, unregistered = self._map_ops(update, decoded, refs, fresh, deleted, before, meta)
+        self.external_registered = False
+        if unregistered:  # it deleted a registry entry: the collections are read again
+            self._after_external(ops, before, kinds, True, None, {}, meta)
+        else:
+            kinds.update(self._kinds)
+            self._kinds = kinds
+            self._colls, self._colls_at = before, (self._transactions, self._colls_at[1])
+        return ops, delta
 
     def _plan(
         self, decoded: Decoded, lists_or_texts: bool

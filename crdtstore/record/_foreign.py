@@ -26,7 +26,7 @@ from .._names import check_name
 from ._document import _EMPTY_UPDATES
 from ._effects import policed
 from ._guarded import MAX_MOVES, GuardedWrites
-from ._provenance import Meta, Writer, now
+from ._provenance import Meta, Writer
 
 _DUPLICATE_WINDOW = 1_000  # entries searched for a retried external append
 
@@ -85,7 +85,8 @@ class ForeignWrites(GuardedWrites):
             ReadOnlyAccess: the store has read-only access to the run (nothing changes).
             InvalidName, InvalidValue: a bad ``writer`` (nothing changes).
         """
-        self._check_writable()
+        if self._state != "open" or self._failure is not None or self._read_only is not None:
+            self._check_writable()  # (raises; tested inline: this runs for every hub update)
         if writer is not None and writer is not self._writer_checked:
             check_writer(writer)
             self._writer_checked = writer  # (a hub passes its connection's, every update)
@@ -94,14 +95,15 @@ class ForeignWrites(GuardedWrites):
         while self._txn_task is not None:
             await self._txn_idle.wait()
         agent = None if writer is None else writer.agent
-        if self._enforcing():
+        if self._specs and self._enforcing():  # (no spec: nothing to enforce)
             scratch = self.replica.trial_copy()
             ops = policed(scratch.apply_external(update, register=True, checked=True)[0])
             self._enforce(ops, conditional=False, agent=agent)
-        meta = self._new_meta(now())
+        meta = self._new_meta(_time())
         if writer is not None:
             meta = Meta(writer[0], writer[1], meta.wall_time, None, meta.run, meta.call)
-        self._invalidate_all()
+        if self._usage or self._stamps:  # (else nothing to invalidate)
+            self._invalidate_all()
         ops, delta = self.replica.apply_external(update, meta, register=True, checked=True)
         # Journal what was given, not only the delta the document reports: pycrdt integrates
         # an update with a clock gap at once but leaves it out of the transaction's update,
@@ -112,7 +114,8 @@ class ForeignWrites(GuardedWrites):
             if delta is not None and self.replica.external_registered and delta != update:
                 update = merge_updates(update, delta)
             self._enqueue(update, ops, meta)
-        await self._after_write()
+        if self.durability == "durable" or len(self._pending) > self._max_pending:
+            await self._after_write()  # (its test here: a hub's usual update waits for nothing)
 
     async def append_update(
         self,

@@ -7,7 +7,8 @@ two background tasks keep it in step:
   commit: whatever accumulated while the previous append ran goes in the next one), and marks
   them committed (their journal positions become the keys' provenance);
 - the *tail* applies entries other writers appended, in journal order, woken by the store's
-  notifier (and by a slow poll, in case a wake-up was lost).
+  notifier (and by a slow poll, in case a wake-up was lost); while it waits, a wake-up whose
+  entries the backend holds at hand applies them at once (:meth:`JournalLink._take_kept`).
 
 ``flush`` waits for the committer; ``sync`` does the tail's work now.
 """
@@ -17,7 +18,9 @@ from __future__ import annotations
 import logging
 import time
 from builtins import list as _List
+from collections.abc import Callable
 from contextlib import nullcontext
+from functools import partial
 from operator import itemgetter
 from typing import Any
 
@@ -340,6 +343,8 @@ class JournalLink(Changes):
     async def _tail(self) -> None:
         assert self._watch is not None
         watch = self._watch
+        kept = getattr(self._backend, "kept", None)  # (see _take_kept)
+        direct = None if kept is None else partial(self._take_kept, kept)
         # Small chunks: the SQLite backend reads up to 256 rows on the event loop thread
         # (no worker-thread hop); a backlog is taken in chunks, yielding between them.
         chunk = 256
@@ -367,12 +372,33 @@ class JournalLink(Changes):
                     await anyio.lowlevel.checkpoint()
                     continue
             del rows  # do not hold the last chunk while idle
-            while True:
-                await event.wait()
-                if watch.blind != blind or watch.head > self.applied_seq:
-                    break
-                # it announced entries this record has already taken in: keep waiting
-                event = watch.event
+            watch.direct = direct
+            try:
+                while True:
+                    await event.wait()
+                    if watch.blind != blind or watch.head > self.applied_seq:
+                        break
+                    # it announced entries this record has already taken in: keep waiting
+                    event = watch.event
+            finally:
+                watch.direct = None
+
+    def _take_kept(self, kept: Callable[[str, str, int, int], _List[Any] | None]) -> bool:
+        """A wake-up while the tail waits: apply the entries it announces here and now when
+        the backend has them at hand (``kept``: the redis stream read's entries), no local
+        transaction is open, and they continue from this record's position; True when done
+        (the tail task is not woken: one task hop less per entry of another process)."""
+        if self._txn_task is not None or self._state != "open":
+            return False
+        try:
+            rows = kept(self.tenant, self._jrun, self.applied_seq, 256)
+            if not rows or len(rows) == 256 or rows[0].seq != self.applied_seq + 1:
+                return False  # (nothing new here, a backlog, or a gap: the tail task reads)
+            self._apply_now(rows)
+        except Exception:  # (the tail task reads them again, and reports what fails)
+            log.exception("applying the entries of %s/%s failed", self.tenant, self.run)
+            return False
+        return True
 
     async def _apply_remote(self, rows: _List[Any]) -> None:
         while self._txn_task is not None:  # never mix a remote update into a local txn
@@ -391,6 +417,10 @@ class JournalLink(Changes):
                 # it may change any collection: budgets (and the key existence that policies
                 # read from a budgeted map's sizes) and sibling groups are recomputed
                 self._invalidate_all()
+        self._apply_now(rows)
+
+    def _apply_now(self, rows: _List[Any]) -> None:
+        """Apply ``rows`` (past this record's position, outside a local transaction)."""
         own = self.replica.client_id
         foreign = [r for r in rows if r.client_id != own]
         if self._applied_foreign:

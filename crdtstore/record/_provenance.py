@@ -14,14 +14,15 @@ import base64
 import sys
 import time
 from array import array
-from bisect import bisect_left, bisect_right
-from collections.abc import Sequence
-from itertools import accumulate, islice, repeat
-from operator import add, lt
+from bisect import bisect_left
+from collections.abc import Iterable, Sequence
+from itertools import islice
+from operator import lt
 from typing import Any, NamedTuple
 
 from .._heap import release_free_memory
 from .._journal import Op
+from ._settled import _Settled as _Settled
 
 
 class Meta(NamedTuple):
@@ -177,138 +178,11 @@ def _unpack(typecode: str, data: str | list[Any]) -> array[Any]:
     return out
 
 
-def _compact(values: array[int]) -> array[int]:
-    """``values`` as 4-byte unsigned items when they all fit (journal positions and offsets
-    into a run's keys nearly always do), else as they are."""
-    if not values or (min(values) >= 0 and max(values) < 1 << 32):
-        return array("I", values)
-    return values
-
-
 def _increasing(items: Sequence[Any]) -> bool:
     """Whether ``items`` is strictly increasing (compared at C speed)."""
     return all(map(lt, items, islice(items, 1, None)))
 
 
-class _Settled:
-    """The journaled part of one collection's provenance index, packed: its keys sorted, as
-    one UTF-8 byte string with an array of offsets, and their journal positions in an array
-    (4-byte items while they fit: 8 bytes a key besides its UTF-8 bytes, where a ``str``
-    object alone takes 50-60 and a dict entry with an int about 70 more). Looked up by
-    bisection; newer positions live in the collection's dict, which takes
-    precedence, until the next :meth:`merge`. (UTF-8 byte order is code point order, so the
-    order is that of the keys as ``str``.)"""
-
-    __slots__ = ("_blob", "_offs", "seqs")
-
-    def __init__(self) -> None:
-        self._blob = b""
-        self._offs = array("q", [0])
-        self.seqs = array("q")
-
-    def __len__(self) -> int:
-        return len(self.seqs)
-
-    @property
-    def keys(self) -> list[str]:
-        """The keys, sorted (a new list: for export and tests, not for lookups)."""
-        return [k.decode("utf-8", "surrogatepass") for k in self._encoded()]
-
-    def _encoded(self) -> list[bytes]:
-        blob, offs = self._blob, self._offs
-        return [blob[a:b] for a, b in zip(offs, islice(offs, 1, None), strict=False)]
-
-    def get(self, key: str) -> int | None:
-        k = key.encode("utf-8", "surrogatepass")
-        lo, hi = 0, len(self.seqs)
-        blob, offs = self._blob, self._offs
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if blob[offs[mid] : offs[mid + 1]] < k:
-                lo = mid + 1
-            else:
-                hi = mid
-        if lo < len(self.seqs) and blob[offs[lo] : offs[lo + 1]] == k:
-            return self.seqs[lo]
-        return None
-
-    def _set(self, keys: list[bytes], seqs: array[int]) -> None:
-        self._blob = b"".join(keys)
-        offs = array("q", [0])
-        offs.extend(accumulate(map(len, keys)))
-        self._offs = _compact(offs)
-        self.seqs = _compact(seqs)
-
-    @classmethod
-    def of_sorted(cls, keys: Sequence[str], seqs: array[int]) -> _Settled:
-        """A run from keys already sorted (a snapshot's) and their positions."""
-        run = cls()
-        run._set([k.encode("utf-8", "surrogatepass") for k in keys], seqs)
-        return run
-
-    def merge(self, new: dict[str, int]) -> None:
-        """Take in ``new`` (key -> position), replacing the positions of keys already here.
-
-        At C speed but for a few steps per chunk of old keys: the run is rebuilt chunk by
-        chunk, each chunk's old keys and the new keys that sort among them going into one
-        dict (a key already here takes its new position in place) sorted again, a chunk none
-        sorts among copied as it is. A chunk at a time, so that the old keys are never all
-        Python objects at once: their peak would stay in the process as free pools of the
-        allocator (see ``bench/memory.py``).
-        """
-        if not new:
-            return
-        ordered = sorted(new)  # (code point order is the UTF-8 byte order)
-        if not self.seqs:  # (a load's one packing)
-            self._set(
-                [k.encode("utf-8", "surrogatepass") for k in ordered],
-                array("q", map(new.__getitem__, ordered)),
-            )
-            return
-        blob, offs, seqs, n = self._blob, self._offs, self.seqs, len(self.seqs)
-        # the run's typecodes, unless what comes in does not fit them (then 8 bytes, for good)
-        if seqs.typecode == "I" and not (min(new.values()) >= 0 and max(new.values()) < 1 << 32):
-            seqs = array("q", seqs)
-        if offs.typecode == "I" and len(blob) + 4 * sum(map(len, ordered)) >= 1 << 32:
-            offs = array("q", offs)  # (a UTF-8 key takes at most 4 bytes a character)
-        pieces: list[bytes] = []
-        out_offs, out_seqs = array(offs.typecode, [0]), array(seqs.typecode)
-        j = 0  # the first new key not taken in yet
-        for start in range(0, n, _CHUNK):
-            stop = min(start + _CHUNK, n)
-            if stop == n:
-                hi = len(ordered)
-            else:  # the new keys up to this chunk's last (which one of them may replace)
-                last = blob[offs[stop - 1] : offs[stop]].decode("utf-8", "surrogatepass")
-                hi = bisect_right(ordered, last, j)
-            if hi == j:  # no new key among this chunk's (keys that grow): taken as they are
-                pieces.append(blob[offs[start] : offs[stop]])
-                shift = out_offs[-1] - offs[start]
-                out_offs.extend(map(add, offs[start + 1 : stop + 1], repeat(shift)))
-                out_seqs.extend(seqs[start:stop])
-                continue
-            bounds = offs[start : stop + 1]
-            old = [blob[a:b] for a, b in zip(bounds, islice(bounds, 1, None), strict=False)]
-            part, j = ordered[j:hi], hi
-            combined = dict(zip(old, seqs[start:stop], strict=True))
-            combined.update(
-                zip(
-                    [k.encode("utf-8", "surrogatepass") for k in part],
-                    map(new.__getitem__, part),
-                    strict=True,
-                )
-            )
-            keys = sorted(combined)
-            chunk_seqs = array(out_seqs.typecode, map(combined.__getitem__, keys))
-            pieces.append(b"".join(keys))
-            out_offs.extend(islice(accumulate(map(len, keys), initial=out_offs[-1]), 1, None))
-            out_seqs.extend(chunk_seqs)
-        self._blob = b"".join(pieces)
-        self._offs = out_offs
-        self.seqs = out_seqs
-
-
-_CHUNK = 512  # old keys of a settled run that its merge holds as objects at a time
 _SETTLE_MIN = 4096  # index entries of a collection kept as a dict before settling them
 
 
@@ -338,9 +212,10 @@ class ProvenanceIndex:
         One table row per entry (none if every key it wrote was overwritten since), and a
         dict store per key still pointing at ``meta``; no per-key tuple is rebuilt.
         """
-        index, coll_seq = self.index, self.coll_seq
+        index = self.index
         if seq > self.head:
             self.head = seq
+        coll_seq = self.coll_seq
         held = False
         for op in ops:
             coll_seq[op[1]] = seq
@@ -429,12 +304,26 @@ class ProvenanceIndex:
             except TypeError:  # an older snapshot's [seq, agent, ...] lists: unhashable
                 live.update(v for v in keys.values() if type(v) is int)
         for settled in self._settled.values():
-            live.update(settled.seqs)
+            for seqs in settled.all_seqs():
+                live.update(seqs)
         return live
 
     def _settle(self, *, every: bool = False) -> None:
-        """After a bulk load: :meth:`_settle_one` the collections whose dict has grown enough
-        (see :meth:`_settle_size`; ``every``: all collections)."""
+        """After a bulk load: pack what it added to the packed runs' tails (see
+        :meth:`_load_keys`), then :meth:`_settle_one` the collections whose dict has grown
+        enough (see :meth:`_settle_size`; ``every``: all collections)."""
+        if self._tails():
+            for settled in self._settled.values():
+                settled._pack()
+            table = self.table
+            if len(table) > table.sweep_at:  # (the sweep the load left, see _remember_rows)
+                at = max(4096, 2 * len(table))  # (made before the set of positions, see _pack)
+                live = self._live_seqs()
+                if live.issuperset(table.seqs):
+                    del live
+                    table.sweep_at = at
+                else:
+                    table.keep(live)
         for name, keys in list(self.index.items()):
             if every or len(keys) >= self._settle_size(name):
                 self._settle_one(name, keys)
@@ -482,6 +371,29 @@ class ProvenanceIndex:
         self._settle_at[name] = len(rest) + max(
             self.settle_min, len(settled) // 2 if settled is not None else 0
         )
+
+    def _load_keys(self, collection: str, keys: Sequence[str], seqs: Iterable[int]) -> None:
+        """A load (replay entries whose caller packs at the end, :meth:`_settle`) names entry
+        ``seqs[i]`` as the provenance of ``collection[keys[i]]``, none of them held in the
+        collection's dict (which would take precedence): into the tail of its packed run."""
+        settled = self._settled.get(collection)
+        if settled is None:
+            settled = self._settled[collection] = _Settled()
+            self.index.setdefault(collection, {})  # (as settling leaves it: see _apply_rows)
+        settled.append(keys, seqs)
+
+    def _stash(self) -> None:
+        """A load's step is done: move the journaled positions the dicts took in (a group
+        of entries that :meth:`_load_keys` could not take) to the packed runs' tails, so
+        that no key is held as a ``str`` until the load ends (see :meth:`_Settled.append`)."""
+        for name, keys in self.index.items():
+            if keys and set(map(type, keys.values())) == {int}:
+                self._load_keys(name, list(keys), keys.values())
+                keys.clear()
+
+    def _tails(self) -> bool:
+        """Whether a load left positions in a packed run's tail (see :meth:`_load_keys`)."""
+        return any(settled.all_seqs()[1] for settled in self._settled.values())
 
     def settled_seq(self, collection: str, key: str) -> int | None:
         """The journal position packed for ``collection[key]`` (None if none: its entry, if
@@ -553,7 +465,7 @@ class ProvenanceIndex:
                 if keys
             },
             "settled": {
-                name: {"keys": settled.keys, "seqs": _pack(array("q", settled.seqs))}
+                name: {"keys": settled.keys, "seqs": _pack(array("q", settled.sorted_seqs()))}
                 for name, settled in self._settled.items()
             },
             "table": self.table.export(),

@@ -237,3 +237,26 @@ class DirectTransaction:
             txn.drop()
             wtxn._txn, wtxn._leases, doc._txn = None, 0, None
         return True
+
+    def apply(self, update: bytes) -> bool:
+        """``doc.apply_update(update)`` as :meth:`set` inserts: applied, committed and True;
+        or, if it cannot now, nothing done and False. Raises what yrs or an observer raised
+        (what was integrated is committed either way, as pycrdt's)."""
+        doc, wtxn = self.doc, self._wtxn
+        if wtxn is None or doc._txn is not None:
+            return False
+        txn = doc._doc.create_transaction()
+        wtxn._txn, wtxn._leases, doc._txn = txn, 1, wtxn
+        try:
+            try:
+                doc._doc.apply_update(txn, update)
+            finally:
+                txn.commit()
+            if doc._exceptions:
+                exceptions = tuple(doc._exceptions)
+                doc._exceptions.clear()
+                raise ExceptionGroup("Observer callback error", exceptions)
+        finally:
+            txn.drop()
+            wtxn._txn, wtxn._leases, doc._txn = None, 0, None
+        return True

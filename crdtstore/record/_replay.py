@@ -59,10 +59,11 @@ class JournalReplay(ReplicaDocument):
 
         ``settle=False`` leaves packing the provenance index to the caller (a record's
         opening packs it once at the end: packing a growing collection every few groups
-        merges its keys again each time). ``own=False`` says the index holds no write of
-        this replica's that is not journaled yet (a record's opening: nothing was written
-        through it), so no key's provenance can name a later entry than these (see
-        :meth:`_apply_rows`' ``before``) and that check is skipped.
+        merges its keys again each time); until then the positions wait in the packed
+        runs' tails (:meth:`_load_keys`), not as a ``str`` key each. ``own=False`` says the
+        index holds no write of this replica's that is not journaled yet (a record's
+        opening: nothing was written through it), so no key's provenance can name a later
+        entry than these (see :meth:`_apply_rows`' ``before``) and that check is skipped.
 
         Applied in pycrdt transactions of up to ``_APPLY_GROUP`` entries each (see
         :meth:`_apply_rows`): yrs commits a big transaction of interleaved list appends
@@ -75,9 +76,11 @@ class JournalReplay(ReplicaDocument):
             rows = list(rows)
         if len(rows) <= _APPLY_GROUP:
             self._apply_rows(rows, run, settle, own)
-            return
-        for i in range(0, len(rows), _APPLY_GROUP):
-            self._apply_rows(rows[i : i + _APPLY_GROUP], run, settle, own)
+        else:
+            for i in range(0, len(rows), _APPLY_GROUP):
+                self._apply_rows(rows[i : i + _APPLY_GROUP], run, settle, own)
+        if not settle:  # (a load: the keys' positions wait packed for the caller's _settle)
+            self._stash()
 
     def _apply_rows(self, rows: list[Row], run: str, settle: bool, own: bool) -> None:
         """:meth:`apply_rows` of one group of entries, in one pycrdt transaction.
@@ -233,7 +236,7 @@ class JournalReplay(ReplicaDocument):
             names = set(map(_COLL, ops))
             won = None
             if owners is applied and len(names) == 1:  # (one op an entry, one collection)
-                won = self._all_won(ops, owners, rtxn)
+                won = self._all_won(ops, owners, rtxn, load=not settle)
             if won is None:
                 winners = self._winners(_touched(ops, owners), rtxn, {})
                 won = [winners[seq] for seq in sorted(winners)]
@@ -268,11 +271,14 @@ class JournalReplay(ReplicaDocument):
             return rows
         return [row for i, row in enumerate(rows) if i not in refused]
 
-    def _all_won(self, ops: list[Op], owners: list[Row], rtxn: Any) -> list[Row] | None:
+    def _all_won(
+        self, ops: list[Op], owners: list[Row], rtxn: Any, *, load: bool = False
+    ) -> list[Row] | None:
         """:meth:`_winners` when ``owners[i]`` wrote ``ops[i]`` (in journal order, one op
         each) in one collection and there is no value before to compare, if every write is
         a set of a distinct key that the document kept (the usual case of a load): index
-        them all at once and return ``owners``; else None, with nothing indexed."""
+        them all at once and return ``owners``; else None, with nothing indexed. ``load``:
+        into the packed run's tail when the collection's dict is empty."""
         name = ops[0][1]
         keys = list(map(_KEY, ops))
         if len(set(keys)) != len(keys) or set(map(_ACTION, ops)) != {"set"}:
@@ -281,6 +287,9 @@ class JournalReplay(ReplicaDocument):
         if read is None or not all(map(eq, map(_VALUE, ops), map(read, keys))):
             return None
         got = self.index.get(name)
+        if load and not got:
+            self._load_keys(name, keys, map(_SEQ, owners))
+            return owners
         if got is None:
             got = self.index[name] = {}
         got.update(zip(keys, map(_SEQ, owners), strict=True))
@@ -326,7 +335,7 @@ class JournalReplay(ReplicaDocument):
                 tseqs.extend(map(_SEQ, winners))
                 walls.extend(map(_WALL, winners))
                 who.extend(repeat(names(*named.pop()), len(winners)))
-                if len(tseqs) > table.sweep_at:
+                if len(tseqs) > table.sweep_at and not self._tails():
                     table.keep(self._live_seqs())
                 return
         agent_, source_, run_, who_ = "", "", "", ("", "", "")  # the last entry's names
@@ -341,7 +350,8 @@ class JournalReplay(ReplicaDocument):
                 walls.append(wall)
                 who.append(who_)
                 last = seq
-        if len(tseqs) > table.sweep_at:
+        # (a load's tails wait: its _settle sweeps once they are packed)
+        if len(tseqs) > table.sweep_at and not self._tails():
             table.keep(self._live_seqs())
 
     def _map_value(self, coll: str, key: str, rtxn: Any) -> Any:

@@ -117,3 +117,24 @@ async def test_redis_py_commands_survive_a_killed_connection(redis_server: Redis
         assert status.holders == () and status.next_token == 2
         kill()
         assert await store.backend.get_run(store.tenant, "nothing") is None
+
+
+async def test_a_reply_later_than_the_socket_timeout_times_out(redis_server: RedisServer) -> None:
+    """A reply is read under the connection's socket timeout (one timer per read, not
+    redis-py's ``read_response``): a command that blocks past it raises a timeout, its
+    connection is dropped (the reply may still come), and the next command works."""
+    from crdtstore._backends.redis._client import ReplyTimeout
+
+    url = redis_server.url(prefix="direct-timeout")
+    sep = "&" if "?" in url else "?"
+    journal = RedisJournal(f"{url}{sep}socket_timeout=0.2")
+    await journal.open()
+    try:
+        direct = journal.scripts.direct
+        with anyio.fail_after(5):
+            with pytest.raises(ReplyTimeout):
+                await direct(b"BLPOP", b"direct-timeout-nothing", 2)
+            assert await direct(b"ECHO", b"after") == b"after"
+            assert await direct(b"BLPOP", b"direct-timeout-nothing", 0.05) is None
+    finally:
+        await journal.aclose()

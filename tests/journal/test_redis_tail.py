@@ -107,3 +107,85 @@ def test_own_entries_past_a_gap_wake_the_reader(gap: bool) -> None:
     first = 3 if gap else 1
     tail._handle({b"s": _stream_entries(first, _entries(first, 2, own))})
     assert woken == (["r"] if gap else [])
+
+
+def test_own_entries_brought_back_are_not_read_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stream read brings this store's own appends back: when the append's answer came
+    first (its entries are kept already), they are not read again; entries of others are
+    kept as the stream read brought them and read only when a reader takes them."""
+    from crdtstore._backends.redis import _tail
+
+    parsed: list[object] = []
+    row_of = _tail.row_of
+    monkeypatch.setattr(_tail, "row_of", lambda e: (parsed.append(e), row_of(e))[1])
+    tail = Tail(lambda: None, None, lambda tenant, run: None)
+    tail.healthy = True
+    stream, own, other = "s", 7, 8
+    tail.watch_run(stream, "meta", "t", "r", 0, own)
+    tail.wrote(stream, 1, _entries(1, 3, own))
+    kept = tail.cached(stream, 0, 10)
+    tail._handle({b"s": _stream_entries(1, _entries(1, 3, own))})
+    assert parsed == []
+    assert tail.cached(stream, 0, 10) == kept
+    tail._handle({b"s": _stream_entries(4, _entries(4, 2, other))})
+    assert parsed == []  # (not read until a reader takes them)
+    got = tail.cached(stream, 3, 10)
+    assert [(r.seq, r.client_id, r.update) for r in got or []] == [(4, 8, b"u4"), (5, 8, b"u5")]
+    assert len(parsed) == 2
+    assert tail.cached(stream, 3, 10) == got and len(parsed) == 2  # (read once)
+
+
+def test_an_entry_unlike_the_kept_one_is_read() -> None:
+    """A stream entry at a position this store kept an append of is skipped only when it is
+    that very entry (client id and checksum): another one there (the run deleted and made
+    again meanwhile) replaces it; and an own entry the stream read brings before the
+    append's answer is kept, and read when a second reader of the run takes it."""
+    tail = Tail(lambda: None, None, lambda tenant, run: None)
+    tail.healthy = True
+    stream, own, other = "s", 7, 8
+    tail.watch_run(stream, "meta", "t", "r", 0, own)
+    tail.wrote(stream, 1, _entries(1, 2, own))
+    tail._handle({b"s": _stream_entries(1, _entries(11, 2, other))})
+    got = tail.cached(stream, 0, 10) or []
+    assert [(r.client_id, r.update) for r in got] == [(8, b"u11"), (8, b"u12")]
+    tail._handle({b"s": _stream_entries(3, _entries(3, 1, own))})  # before its answer
+    tail.wrote(stream, 3, _entries(3, 1, own))
+    assert [(r.seq, r.update) for r in tail.cached(stream, 2, 10) or []] == [(3, b"u3")]
+
+
+@pytest.mark.anyio
+async def test_entries_of_others_are_applied_by_the_stream_read(
+    redis_server: RedisServer,
+) -> None:
+    """A record whose tail waits takes the entries of another process in from the stream
+    read's wake-up itself (``Watch.direct``): its tail task is not woken for them. Not while
+    a local transaction is open (they wait for its end, in the tail task), nor when a
+    second reader of the run shares the watch."""
+    url = redis_server.url(prefix="tail-direct")
+    async with (
+        crdtstore.open_store(url) as a,
+        crdtstore.open_store(url) as b,
+        a.open_record(run="r", agent="a", source="tool") as ra,
+        b.open_record(run="r", agent="b", source="tool") as rb,
+    ):
+        watch = b.notifier.watch(b.tenant, "r")
+        b.notifier.unwatch(b.tenant, "r")  # (only looked at: rb stays its one user)
+        await until(lambda: watch.direct is not None)
+        event = watch.event
+        for i in range(5):
+            await ra.map("m").set(f"a{i}", i)
+            await ra.flush()
+            await until(lambda i=i: rb.map("m").get(f"a{i}") == i)
+        assert watch.event is event  # (never fired: the tail task slept through)
+        async with rb.transaction():
+            await ra.map("m").set("in-txn", 1)
+            await ra.flush()
+            await until(lambda: watch.event is not event)  # woken: the task waits for the txn
+            assert rb.map("m").get("in-txn") is None
+        await until(lambda: rb.map("m").get("in-txn") == 1)
+        async with b.open_record(run="r", agent="c", source="tool") as rc:
+            event = watch.event
+            await ra.map("m").set("two", 2)
+            await ra.flush()
+            await until(lambda: rb.map("m").get("two") == 2 and rc.map("m").get("two") == 2)
+            assert watch.event is not event

@@ -234,6 +234,7 @@ RECORD_LAYERS = [
     "_item_provenance",
     "_text_ids",
     "_provenance",
+    "_settled",
     "_pycrdt",
     "_textdiff",
 ]

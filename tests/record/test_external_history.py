@@ -23,6 +23,7 @@ from crdtstore.codec import CodecError as UpdateDecodeError
 from crdtstore.codec import KeyIndex, decode_update
 from crdtstore.record._document import REGISTRY
 from crdtstore.record._provenance import Meta
+from crdtstore.record._pycrdt import DirectTransaction
 from crdtstore.record._replica import Replica
 from tests.network.test_sync_hub import RUN, TENANT, running_hub, token
 
@@ -477,9 +478,9 @@ def test_bytes_the_document_refuses_leave_no_entry_known(monkeypatch: pytest.Mon
     replica.apply_external(plain_set(LOW, "k", "v"), meta("a"), register=True)
     update = plain_set(HIGH, "k", "w")
     with monkeypatch.context() as patch:
-        patch.setattr(
-            Replica, "apply_update", lambda *a, **k: (_ for _ in ()).throw(InvalidUpdate("no"))
-        )
+        refuse = lambda *a, **k: (_ for _ in ()).throw(InvalidUpdate("no"))  # noqa: E731
+        patch.setattr(Replica, "apply_update", refuse)
+        patch.setattr(DirectTransaction, "apply", refuse)  # (the fused path's apply)
         with pytest.raises(InvalidUpdate):
             replica.apply_external(update, meta("b"))
     ops, _ = replica.apply_external(update, meta("b"))

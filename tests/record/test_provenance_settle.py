@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from crdtstore._journal import Op
-from crdtstore.record import _provenance
+from crdtstore.record import _settled
 from crdtstore.record._provenance import Meta, ProvenanceIndex, _Settled
 
 COLLS = ("m", "n")
@@ -128,7 +128,7 @@ _actions = st.lists(
 def test_settling_while_writing_answers_as_never_settling(
     settle_min: int, chunk: int, actions: list[tuple[Any, ...]]
 ) -> None:
-    with patch.object(_provenance, "_CHUNK", chunk):  # merges cross chunk boundaries
+    with patch.object(_settled, "_CHUNK", chunk):  # merges cross chunk boundaries
         pair = _Pair(settle_min)
         for action in actions:
             getattr(pair, action[0])(*action[1:])
@@ -147,7 +147,7 @@ _runs = st.dictionaries(
 @given(st.lists(_runs, min_size=1, max_size=4), st.integers(1, 6))
 def test_settled_merge_in_chunks_answers_as_a_dict(runs: list[dict[str, int]], chunk: int) -> None:
     settled, expected = _Settled(), {}
-    with patch.object(_provenance, "_CHUNK", chunk):
+    with patch.object(_settled, "_CHUNK", chunk):
         for new in runs:
             settled.merge(dict(new))
             expected.update(new)

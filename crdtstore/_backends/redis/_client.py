@@ -24,6 +24,7 @@ try:
     from redis.exceptions import ConnectionError as ConnectionLost
     from redis.exceptions import NoScriptError
     from redis.exceptions import RedisError as RedisError
+    from redis.exceptions import ResponseError as ErrorReply
     from redis.exceptions import TimeoutError as ReplyTimeout
 except ImportError:  # pragma: no cover - the extra is not installed
     aioredis = Retry = None
@@ -31,11 +32,15 @@ except ImportError:  # pragma: no cover - the extra is not installed
     class RedisError(Exception):  # type: ignore[no-redef]
         """Stands for redis-py's error root when redis-py is missing (never raised)."""
 
-    ConnectionLost = ReplyTimeout = NoScriptError = RedisError  # type: ignore[misc,assignment]
+    ConnectionLost = ReplyTimeout = NoScriptError = ErrorReply = RedisError  # type: ignore[misc,assignment]
+HiredisParser: Any
+NOT_ENOUGH_DATA: Any
 try:
     from hiredis import pack_command as pack
+    from redis._parsers.hiredis import NOT_ENOUGH_DATA
+    from redis._parsers.hiredis import _AsyncHiredisParser as HiredisParser
 except ImportError:  # pragma: no cover - redis-py packs then (the extra installs hiredis)
-    pack = None
+    pack = HiredisParser = NOT_ENOUGH_DATA = None
 
 
 _LUA = Path(__file__).with_name("lua")
@@ -101,7 +106,7 @@ def make_client(redis_url: str, options: dict[str, Any]) -> Any:
 
 async def send(conn: Any, args: tuple[Any, ...]) -> Any:
     """Send one command on redis-py connection ``conn`` (packed by hiredis, written at once)
-    and read its reply (redis-py's parser and read timeout; an error reply is raised)."""
+    and read its reply (see :func:`reply`; an error reply is raised)."""
     packed = pack(args)
     writer = getattr(conn, "_writer", None)
     if writer is None or not conn.is_connected:
@@ -110,7 +115,66 @@ async def send(conn: Any, args: tuple[Any, ...]) -> Any:
         writer.write(packed)  # (drained when the socket's buffer is full)
         if writer.transport.get_write_buffer_size() > 65536:
             await conn.send_packed_command(b"", check_health=False)
-    return await conn.read_response()
+    return await reply(conn)
+
+
+async def reply(conn: Any) -> Any:
+    """The next reply on ``conn``: from its hiredis reader, fed from its stream, under the
+    connection's socket timeout kept by one timer (redis-py's ``read_response`` enters an
+    ``asyncio.timeout`` per reply: under cProfile, its enter and exit cost as much as the
+    read itself); push messages (RESP3) go to redis-py's parser as its own read does; where
+    the parser is not hiredis's, redis-py reads."""
+    parser = conn._parser
+    reader = getattr(parser, "_reader", None)
+    if type(parser) is not HiredisParser or reader is None or not parser._connected:
+        return await conn.read_response()
+    push = parser._hiredis_PushNotificationType
+    while True:
+        got = reader.gets()
+        if got is NOT_ENOUGH_DATA:
+            got = await _read(conn, parser._stream, reader)
+        if push is None or not isinstance(got, push):
+            break
+        await parser.handle_push_response(got)  # (e.g. maintenance notices)
+    if isinstance(got, ErrorReply | ConnectionLost):  # (an error reply, as redis-py raises)
+        raise got
+    if type(got) is list and got and isinstance(got[0], ConnectionLost):
+        raise got[0]
+    return got
+
+
+async def _read(conn: Any, stream: Any, reader: Any) -> Any:
+    timer, expired = None, False
+    timeout = conn.socket_timeout
+    if timeout is not None:
+
+        def expire() -> None:
+            nonlocal expired
+            expired = True
+            writer = conn._writer
+            if writer is not None:
+                writer.transport.abort()  # (the read below ends)
+
+        timer = asyncio.get_running_loop().call_later(timeout, expire)
+    try:
+        while True:
+            data = await stream.read(65536)
+            if not data:
+                raise ConnectionLost("Connection closed by server.")
+            reader.feed(data)
+            got = reader.gets()
+            if got is not NOT_ENOUGH_DATA:
+                return got
+    except BaseException as exc:  # (as redis-py: the connection is not reusable)
+        await conn.disconnect(nowait=True)
+        if expired:
+            raise ReplyTimeout("Timeout reading from the server") from exc
+        if isinstance(exc, OSError):
+            raise ConnectionLost(f"Error while reading: {exc}") from exc
+        raise
+    finally:
+        if timer is not None:
+            timer.cancel()
 
 
 class Direct:

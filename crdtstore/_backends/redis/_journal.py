@@ -21,7 +21,7 @@ from ._authority import Backoff, RedisAuthority
 from ._client import Scripts, make_client, mapped, require_asyncio
 from ._guarded import append_guarded_at
 from ._keys import Keys, RunKeys, parse_url, redis_options
-from ._persistence import rewrite_files
+from ._persistence import rewrite_files, sync_mode
 from ._rows import entry_args, first_appended, row_of, run_row
 from ._tail import Tail
 
@@ -104,7 +104,7 @@ class RedisJournal(JournalBackend):
                 await client.ping()
                 info = await client.info("server")
                 persistence = await client.info("persistence")
-            self._sync = await self._sync_mode(client, info, persistence)
+            self._sync = await sync_mode(client, info, persistence)
         except BaseException:
             await client.aclose()
             raise
@@ -118,20 +118,6 @@ class RedisJournal(JournalBackend):
 
         self._tail = Tail(connect, client, self._wake)
         self._tail.start()
-
-    @staticmethod
-    async def _sync_mode(client: Any, info: dict[Any, Any], persistence: dict[Any, Any]) -> str:
-        version = tuple(int(x) for x in str(info.get("redis_version", "0")).split(".")[:2])
-        if not int(persistence.get("aof_enabled", 0)):
-            return "none"
-        if version >= (7, 2):
-            return "waitaof"
-        try:
-            got = await client.config_get("appendfsync")
-        except Exception:  # CONFIG may be disabled (managed Redis)
-            return "none"
-        value = got.get(b"appendfsync", got.get("appendfsync", b""))
-        return "always" if value in (b"always", "always") else "none"
 
     async def aclose(self) -> None:
         tail, self._tail = self._tail, None
@@ -468,6 +454,16 @@ class RedisJournal(JournalBackend):
                 self.reads_kept += 1
                 return kept
         return await self._read_rows(keys, after, limit, skip_client)
+
+    def kept(self, tenant: str, run: str, after: int, limit: int) -> list[Row] | None:
+        """A record tail's read answered from the stream read's entries now, without
+        waiting (None: not all of them are kept; see :meth:`Tail.cached`)."""
+        tail = self._tail
+        return (
+            None
+            if tail is None
+            else tail.cached(self.keys.run_keys(tenant, run).stream, after, limit)
+        )
 
     async def head(self, tenant: str, run: str) -> int:
         with mapped("head"):

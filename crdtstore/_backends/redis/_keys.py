@@ -116,6 +116,7 @@ class Keys:
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
+        self._runs: dict[tuple[str, str], RunKeys] = {}  # (every read and append asks)
 
     def tenant(self, tenant: str) -> str:
         """The base of every key of ``tenant``: ``<prefix>:{<tenant>}`` (a hash tag, so that a
@@ -130,8 +131,14 @@ class Keys:
         return f"{self.tenant(tenant)}:r:{escape(check_name('run', run))}"
 
     def run_keys(self, tenant: str, run: str) -> RunKeys:
-        base = self.run(tenant, run)
-        return RunKeys(tenant, run, base, f"{base}:j", f"{base}:k", f"{base}:s", f"{base}:lock")
+        got = self._runs.get((tenant, run))
+        if got is None:
+            base = self.run(tenant, run)
+            got = RunKeys(tenant, run, base, f"{base}:j", f"{base}:k", f"{base}:s", f"{base}:lock")
+            if len(self._runs) >= 4096:
+                self._runs.clear()
+            self._runs[(tenant, run)] = got
+        return got
 
     def leases(self, tenant: str) -> LeaseKeys:
         """The keys of the tenant's lease table (see ``lua/lease.lua``)."""

@@ -121,3 +121,19 @@ async def _idle(client: Any, *flags: str) -> None:
         if not any(int(info.get(flag, 0)) for flag in flags):
             return
         await anyio.sleep(POLL)
+
+
+async def sync_mode(client: Any, info: dict[Any, Any], persistence: dict[Any, Any]) -> str:
+    """How a durable write is made durable on this server: ``waitaof`` (Redis 7.2+ with an
+    append-only file), ``always`` (``appendfsync always``) or ``none``."""
+    version = tuple(int(x) for x in str(info.get("redis_version", "0")).split(".")[:2])
+    if not int(persistence.get("aof_enabled", 0)):
+        return "none"
+    if version >= (7, 2):
+        return "waitaof"
+    try:
+        got = await client.config_get("appendfsync")
+    except Exception:  # CONFIG may be disabled (managed Redis)
+        return "none"
+    value = got.get(b"appendfsync", got.get("appendfsync", b""))
+    return "always" if value in (b"always", "always") else "none"

@@ -17,31 +17,96 @@ from ..._journal import NewEntry, Row, RunRow
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
+# the fields of an entry in the order lua/append.lua writes them (then "x", the index keys)
+_ORDER = [b"a", b"s", b"c", b"w", b"u", b"e", b"k", b"o", b"l"]
+_decode = json.JSONDecoder().decode
+_new = tuple.__new__
+_intern = sys.intern
+
+
 def row_of(entry: Any) -> Row:
     """A journal row from a stream entry ``[id, [field, value, ...]]`` (or ``(id, {field:
-    value})``). An entry that is not
-    one crdtstore wrote (a field missing or malformed) comes back empty with a checksum that
-    cannot match, so the reader skips and reports it as it does a torn entry."""
+    value})``). An entry that is not one crdtstore wrote (a field missing or malformed) comes
+    back empty with a checksum that cannot match, so the reader skips and reports it as it
+    does a torn entry."""
     sid, fields = entry[0], entry[1]
     seq = int(sid.split(b"-", 1)[0])
-    # (a dict: XREAD through redis-py's reply parser)
-    f = fields if isinstance(fields, dict) else dict(zip(fields[::2], fields[1::2], strict=False))
     try:
+        if type(fields) is list and fields[0:18:2] == _ORDER:  # as the append wrote it
+            effect = fields[11]
+            return _new(
+                Row,
+                (
+                    seq,
+                    _intern(fields[1].decode()),
+                    _intern(fields[3].decode()),
+                    int(fields[5]),
+                    float(fields[7]),
+                    fields[9],
+                    _decode(effect.decode()) if effect else [],
+                    int(fields[13]),
+                    _intern(fields[15].decode()),
+                    fields[17].decode(),
+                ),
+            )
+        # (a dict: XREAD through redis-py's reply parser)
+        f = (
+            fields
+            if isinstance(fields, dict)
+            else dict(zip(fields[::2], fields[1::2], strict=False))
+        )
         effect = f[b"e"]
         return Row(
             seq,
-            sys.intern(f[b"a"].decode()),
-            sys.intern(f[b"s"].decode()),
+            _intern(f[b"a"].decode()),
+            _intern(f[b"s"].decode()),
             int(f[b"c"]),
             float(f[b"w"]),
             f[b"u"],
             json.loads(effect) if effect else [],
             int(f[b"k"]),
-            sys.intern(f[b"o"].decode()),
+            _intern(f[b"o"].decode()),
             f[b"l"].decode(),
         )
     except (KeyError, ValueError, UnicodeDecodeError):
         return Row(seq, "", "system", 0, 0.0, b"", [], -1)
+
+
+def client_of(entry: Any) -> int | None:
+    """The client id of a stream entry, without reading the rest (None: not readable)."""
+    fields = entry[1]
+    try:
+        if type(fields) is list and fields[4] == b"c":
+            return int(fields[5])
+        return row_of(entry).client_id
+    except (IndexError, ValueError):
+        return None
+
+
+def same_entry(row: Row, entry: Any) -> bool:
+    """Whether stream entry ``entry`` is ``row`` (its client id and checksum: the copy an
+    append of this store kept), without reading the rest."""
+    fields = entry[1]
+    try:
+        return (
+            type(fields) is list
+            and fields[4] == b"c"
+            and fields[12] == b"k"
+            and int(fields[5]) == row.client_id
+            and int(fields[13]) == row.checksum
+        )
+    except (IndexError, ValueError):
+        return False
+
+
+def may_redact(entry: Any) -> bool:
+    """Whether a stream entry may hold a redaction (its effect names one; a key named
+    ``redact`` also answers True)."""
+    fields = entry[1]
+    if type(fields) is list and fields[10:11] == [b"e"]:
+        effect = fields[11]
+        return isinstance(effect, bytes) and b'"redact"' in effect
+    return True
 
 
 def entry_args(entries: Sequence[NewEntry]) -> list[Any]:

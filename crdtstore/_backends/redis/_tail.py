@@ -6,9 +6,11 @@ waits on), each from the last position it knows. When an entry arrives that this
 not write, it keeps the entries (up to ``COUNT`` of them a read; the next read continues
 after the last) and wakes the run's readers, whose journal read (``JournalBackend.read`` of a
 record's tail) is then answered from the kept entries when they continue from where the
-reader is (:meth:`Tail.cached`): one round trip per burst of other processes' writes, not
-three. A reader that needs everything the journal holds now (``sync()``, a guarded write)
-reads from Redis.
+reader is (:meth:`Tail.cached`; a record's tail that waits takes them in at the wake-up
+itself, through ``RedisJournal.kept``): one round trip per burst of other processes' writes,
+not three. Entries are kept as the read brought them and parsed when a reader takes them
+(this store's own, brought back, never are). A reader that needs everything the journal
+holds now (``sync()``, a guarded write) reads from Redis.
 
 A record opening a run changes the set of streams: the blocked read is interrupted with
 ``CLIENT UNBLOCK`` and sent again with the new set. A lost connection (Redis restarting) is
@@ -26,7 +28,7 @@ from typing import Any
 
 from ..._journal import NewEntry, Row
 from ._client import RedisError, pack, send
-from ._rows import row_of
+from ._rows import client_of, may_redact, row_of, same_entry
 
 log = logging.getLogger("crdtstore.redis")
 
@@ -43,7 +45,9 @@ class _Run:
     meta: str  # the run's hash (its head)
     users: int
     seen: int  # every position up to here was woken for, or written by this store
-    rows: dict[int, Row] = field(default_factory=dict)  # the newest entries, for readers
+    # the newest entries, for readers: a Row, or the stream entry as XREAD brought it, read
+    # into a Row when a reader takes it (the entries of this store's one reader never are)
+    rows: dict[int, Any] = field(default_factory=dict)
     client: int | None = None  # the client id of its one reader here (None: several, unknown)
     # the last position this store wrote past a gap in `seen`: its reader's commit could not
     # take its position past them (entries of others before them unread), so the stream
@@ -57,10 +61,38 @@ class _Run:
                 # and may hold the redacted value (readers read them from Redis again)
                 self.rows.clear()
             self.rows[row.seq] = row
-        if len(self.rows) > KEEP:
+        self.trim()
+
+    def keep_read(self, entries: list[Any]) -> int:
+        """Keep the entries of an ``XREAD`` reply unread (see :attr:`rows`); return the
+        last position among them."""
+        rows = self.rows
+        seq = 0
+        for e in entries:
+            seq = int(e[0].split(b"-", 1)[0])
+            kept = rows.get(seq)
+            if type(kept) is Row and same_entry(kept, e):
+                continue  # (this store wrote it, and its answer came first)
+            if may_redact(e):  # (one that names a redaction: read it to know)
+                self.keep([row_of(e)])
+            else:
+                rows[seq] = e
+        self.trim()
+        return seq
+
+    def trim(self) -> None:
+        # by a quarter at a time: finding the oldest costs a pass over all of them
+        if len(self.rows) > KEEP + KEEP // 4:
             low = max(self.rows) - KEEP
             for seq in [s for s in self.rows if s <= low]:
                 del self.rows[seq]
+
+    def row(self, seq: int) -> Row | None:
+        got = self.rows.get(seq)
+        if got is None or type(got) is Row:
+            return got
+        row = self.rows[seq] = row_of(got)
+        return row
 
 
 def _xread_entries(reply: Any) -> dict[bytes, list[Any]]:
@@ -191,12 +223,12 @@ class Tail:
         if (after + 1) not in got.rows:
             return None
         out: list[Row] = []
-        rows, seq = got.rows, after + 1
+        row, seq = got.row, after + 1
         while seq <= got.seen and len(out) < limit:
-            row = rows.get(seq)
-            if row is None:
+            r = row(seq)
+            if r is None:
                 return None
-            out.append(row)
+            out.append(r)
             seq += 1
         return out
 
@@ -322,9 +354,7 @@ class Tail:
             r = self._runs.get(key)
             if r is None:
                 continue
-            rows = [row_of(e) for e in entries]
-            r.keep(rows)
-            last = rows[-1].seq
+            last = r.keep_read(entries)
             if last > r.seen:
                 # the next read continues after these; the readers take them from `rows`
                 seen, r.seen = r.seen, last
@@ -332,7 +362,9 @@ class Tail:
                 if (
                     own is None
                     or r.gap > seen
-                    or any(x.client_id != own for x in rows if x.seq > seen)
+                    or any(
+                        client_of(e) != own for e in entries if int(e[0].split(b"-", 1)[0]) > seen
+                    )
                 ):
                     self._wake(r.tenant, r.run)
                 # (else only the one reader's own appends, read before their answer came:
