@@ -37,7 +37,7 @@ _EMPTY_UPDATES = (b"\x00\x00",)
 # journaled_many's batches of at least this many entries try the run's path (_journaled_run)
 _RUN_MIN = 8
 _first, _second, _third = itemgetter(0), itemgetter(1), itemgetter(2)
-_fourth, _fifth, _kind_name = itemgetter(3), itemgetter(4), itemgetter(0, 1)
+_fourth, _fifth = itemgetter(3), itemgetter(4)
 
 
 def _pycrdt_parse(update: bytes) -> None:
@@ -129,7 +129,8 @@ class ReplicaDocument(ProvenanceIndex):
         if (
             keys is None
             or kind != "map"
-            or list(map(_kind_name, ops)).count((kind, name)) != n
+            or list(map(_first, ops)).count(kind) != n
+            or list(map(_second, ops)).count(name) != n
             or list(map(_first, metas)).count(agent) != n
             or list(map(_second, metas)).count(source) != n
             or list(map(_fifth, metas)).count(run) != n

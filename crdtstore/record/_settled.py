@@ -209,4 +209,4 @@ class _Settled:
         self.seqs = out_seqs
 
 
-_CHUNK = 512  # old keys of a settled run that its merge holds as objects at a time
+_CHUNK = 4096  # old keys of a settled run that its merge holds as objects at a time
