@@ -13,6 +13,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable
 from functools import partial
+from operator import is_, itemgetter
 from typing import Any
 
 from pycrdt import Array, Doc, Map, Text, get_state
@@ -22,7 +23,7 @@ from .._journal import NewEntry, Op, checksum
 from .._values import from_stored
 from ..codec import CodecError, Decoded, check_update_counts, decode_update
 from ._item_provenance import ItemIndex
-from ._provenance import Meta, ProvenanceIndex
+from ._provenance import Meta, ProvenanceIndex, _increasing
 from ._pycrdt import DirectTransaction, insert_all, insert_one, list_values, observe_updates
 
 REGISTRY = "__crdtstore_collections"
@@ -32,6 +33,11 @@ KINDS: dict[str, type[Any]] = {"map": Map, "list": Array, "text": Text}
 DEFAULT_MAX_UPDATE = 16 * 1024 * 1024
 
 _EMPTY_UPDATES = (b"\x00\x00",)
+
+# journaled_many's batches of at least this many entries try the run's path (_journaled_run)
+_RUN_MIN = 8
+_first, _second, _third = itemgetter(0), itemgetter(1), itemgetter(2)
+_fourth, _fifth = itemgetter(3), itemgetter(4)
 
 
 def _pycrdt_parse(update: bytes) -> None:
@@ -95,11 +101,55 @@ class ReplicaDocument(ProvenanceIndex):
             self.items.journaled(meta, seq)
 
     def journaled_many(self, batch: Any, seqs: Any) -> None:
-        super().journaled_many(batch, seqs)
+        if len(batch) < _RUN_MIN or not self._journaled_run(batch, seqs):
+            super().journaled_many(batch, seqs)
         if self.items.unjournaled:
             journaled = self.items.journaled
             for (_, _, meta), seq in zip(batch, seqs, strict=True):
                 journaled(meta, seq)
+
+    def _journaled_run(self, batch: list[tuple[bytes, Any, Meta]], seqs: list[int]) -> bool:
+        """:meth:`journaled_many` of a run of entries of one op each, on one map's keys (every
+        key still pointing at its entry) by one writer, in increasing positions after every
+        row of the table: the committer's usual batch of single sets, at C speed (no Python
+        step per entry). Returns False, having changed nothing, for any other batch."""
+        table = self.table
+        tseqs = table.seqs
+        if (tseqs and seqs[0] <= tseqs[-1]) or not _increasing(seqs):
+            return False
+        opss = list(map(_second, batch))
+        if not all(opss) or sum(map(len, opss)) != len(opss):  # (not one op each)
+            return False
+        ops = list(map(_first, opss))
+        kind, name = ops[0][0], ops[0][1]
+        keys = self.index.get(name)
+        metas = list(map(_third, batch))
+        agent, source, _, _, run, _ = metas[0]
+        n = len(ops)
+        if (
+            keys is None
+            or kind != "map"
+            or list(map(_first, ops)).count(kind) != n
+            or list(map(_second, ops)).count(name) != n
+            or list(map(_first, metas)).count(agent) != n
+            or list(map(_second, metas)).count(source) != n
+            or list(map(_fifth, metas)).count(run) != n
+        ):
+            return False
+        names = list(map(_fourth, ops))
+        if not all(map(is_, map(keys.get, names), metas)):  # (a key written again since)
+            return False
+        keys.update(zip(names, seqs, strict=True))
+        tseqs.extend(seqs)
+        table.walls.extend(map(_third, metas))
+        table.who += [table.names(agent, source, run)] * n
+        self.coll_seq[name] = last = seqs[-1]
+        if last > self.head:
+            self.head = last
+        self._settle_grown({name})
+        if len(tseqs) > table.sweep_at:
+            table.keep(self._live_seqs())
+        return True
 
     def capture_transactions(self) -> Any:
         """Observe this replica's document for the capture: count every transaction that

@@ -21,6 +21,7 @@ from builtins import list as _List
 from collections.abc import Callable
 from contextlib import nullcontext
 from functools import partial
+from operator import itemgetter
 from typing import Any
 
 import anyio
@@ -51,6 +52,9 @@ log = logging.getLogger("crdtstore.record")
 LOAD_CHUNK = 256
 
 _tuple_new = tuple.__new__
+_first, _second, _third = itemgetter(0), itemgetter(1), itemgetter(2)
+# a Meta's agent, source, run and call
+_META_NAMES = (itemgetter(0), itemgetter(1), itemgetter(4), itemgetter(5))
 
 
 class JournalLink(Changes):
@@ -210,13 +214,17 @@ class JournalLink(Changes):
                 if not batch:
                     continue
                 started = time.perf_counter()
+                durable = self.durability == "durable"
+                by_columns = getattr(self._backend, "append_columns", None)
                 try:
-                    seqs = await self._backend.append(
-                        self.tenant,
-                        self._jrun,
-                        self._entries(batch),
-                        durable=self.durability == "durable",
-                    )
+                    if by_columns is not None and not self._fast:
+                        seqs = await by_columns(
+                            self.tenant, self._jrun, self._columns(batch), durable=durable
+                        )
+                    else:
+                        seqs = await self._backend.append(
+                            self.tenant, self._jrun, self._entries(batch), durable=durable
+                        )
                 except RunClosed as exc:
                     # final: the entries stay in the document, never in the journal
                     log.error(
@@ -245,6 +253,23 @@ class JournalLink(Changes):
                 if observer is not None:
                     observer("committer", len(seqs), time.perf_counter() - started)
                 del batch, seqs  # do not hold the last batch while idle
+
+    def _columns(self, batch: _List[tuple[bytes, _List[Op], Meta]]) -> _List[_List[Any]]:
+        """The journal entries of ``batch`` (of this record's own, none of ``_fast``) by
+        columns, for a backend's ``append_columns``: :class:`NewEntry`'s fields in order, each
+        a list with an item per entry or, when every entry has the same, that one item (the
+        writer's names, the client id). Taken at C speed, without a tuple per entry."""
+        n = len(batch)
+        updates = list(map(_first, batch))
+        metas = list(map(_third, batch))
+        agents, sources, runs, calls = (list(map(get, metas)) for get in _META_NAMES)
+        agents, sources, runs, calls = (
+            col[:1] if col.count(col[0]) == n else col for col in (agents, sources, runs, calls)
+        )
+        walls = list(map(_third, metas))
+        crcs = list(map(checksum, updates))
+        ops = list(map(_second, batch))
+        return [agents, sources, [self.replica.client_id], walls, updates, ops, crcs, runs, calls]
 
     def _entries(self, batch: _List[tuple[bytes, _List[Op], Meta]]) -> _List[NewEntry]:
         cid, new, crc = self.replica.client_id, _tuple_new, checksum

@@ -146,15 +146,16 @@ class MapCollection(_Collection):
                 stored, size = plan.stored_sized(name, key, value)
             else:
                 stored = plan.stored(name, key, value)
-        op: Op = ["map", name, "set", key, stored]
         if expected_version is None and based_on is None and lease is None:
-            # the hot path: no second coroutine, no apply callable, the op alone (see _stage)
-            wait = rec._stage(op, None, self._root, size)
+            # the hot path: no second coroutine, no apply callable, the op alone (see _stage),
+            # as the tuple the pending entry keeps (no list made and copied)
+            one: Any = ("map", name, "set", key, stored)
+            wait = rec._stage(one, None, self._root, size)
             if wait is not None:
                 await wait
         else:
             apply = partial(self._root.__setitem__, key, stored)  # no Python frame of its own
-            ops: list[Op] = [op]
+            ops: list[Op] = [["map", name, "set", key, stored]]
             await self._rec._write_guarded(
                 self.name,
                 key,

@@ -8,7 +8,8 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
-from itertools import accumulate, chain, islice
+from itertools import accumulate, chain, islice, repeat
+from operator import add
 
 
 def _compact(values: array[int]) -> array[int]:
@@ -145,9 +146,10 @@ class _Settled:
 
         At C speed but for a few steps per chunk of old keys: the run is rebuilt chunk by
         chunk, each chunk's old keys and the new keys that sort among them going into one
-        dict (a key already here takes its new position in place) sorted again. A chunk at a
-        time, so that the old keys are never all Python objects at once: their peak would
-        stay in the process as free pools of the allocator (see ``bench/memory.py``).
+        dict (a key already here takes its new position in place) sorted again, a chunk none
+        sorts among copied as it is. A chunk at a time, so that the old keys are never all
+        Python objects at once: their peak would stay in the process as free pools of the
+        allocator (see ``bench/memory.py``).
         """
         self._pack()
         if not new:
@@ -182,19 +184,23 @@ class _Settled:
         j = 0  # the first new key not taken in yet
         for start in range(0, n, _CHUNK):
             stop = min(start + _CHUNK, n)
+            # the new keys up to this chunk's last (which one of them may replace)
+            last = blob[offs[stop - 1] : offs[stop]]
+            hi = len(ordered) if stop == n else bisect_right(ordered, last, j)
+            if hi == j:  # no new key among this chunk's (keys that grow): taken as they are
+                pieces.append(blob[offs[start] : offs[stop]])
+                shift = out_offs[-1] - offs[start]
+                out_offs.extend(map(add, offs[start + 1 : stop + 1], repeat(shift)))
+                out_seqs.extend(seqs[start:stop])
+                continue
             bounds = offs[start : stop + 1]
             old = [blob[a:b] for a, b in zip(bounds, islice(bounds, 1, None), strict=False)]
-            # the new keys up to this chunk's last (which one of them may replace)
-            hi = len(ordered) if stop == n else bisect_right(ordered, old[-1], j)
-            if hi == j:
-                keys, chunk_seqs = old, seqs[start:stop]
-            else:
-                part = ordered[j:hi]
-                j = hi
-                combined = dict(zip(old, seqs[start:stop], strict=True))
-                combined.update(zip(part, map(new.__getitem__, part), strict=True))
-                keys = sorted(combined)
-                chunk_seqs = array(out_seqs.typecode, map(combined.__getitem__, keys))
+            part = ordered[j:hi]
+            j = hi
+            combined = dict(zip(old, seqs[start:stop], strict=True))
+            combined.update(zip(part, map(new.__getitem__, part), strict=True))
+            keys = sorted(combined)
+            chunk_seqs = array(out_seqs.typecode, map(combined.__getitem__, keys))
             pieces.append(b"".join(keys))
             out_offs.extend(islice(accumulate(map(len, keys), initial=out_offs[-1]), 1, None))
             out_seqs.extend(chunk_seqs)

@@ -4,13 +4,14 @@
 shared by every ``open_store`` call of this process (handy in notebooks and tests).
 Nothing survives the process.
 
-The newest entries (about a thousand) are kept as the :class:`NewEntry` tuples appended,
-numbered from ``recent_first``: appending builds nothing per entry, and a reader gets them
-without decoding anything (a :class:`Row` is made per entry read; the writing record itself
-rarely reads its own). Older entries are packed by blocks of 512 into one ``marshal`` blob each
-(by columns) and decoded again when read. A long run's journal is then a few untracked bytes
-objects instead of several GC-tracked containers per entry (the tuple and the lists of its
-effect), which every full collection of the cyclic GC would rescan.
+The newest entries of small appends (about a thousand) are kept as the :class:`NewEntry`
+tuples appended, numbered from ``recent_first``: appending builds nothing per entry, and a
+reader gets them without decoding anything (a :class:`Row` is made per entry read). Older
+entries, and at once a record's group commit (many entries, handed over by columns:
+:meth:`MemoryJournal.append_columns`; the writing record itself rarely reads its own), are
+packed by blocks of up to 512 into one ``marshal`` blob each (by columns) and decoded again
+when read. A long run's journal is then a few untracked bytes objects instead of several
+GC-tracked containers per entry, which every full collection of the cyclic GC would rescan.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from bisect import bisect_right
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any, ClassVar, Literal
 
 import anyio
@@ -35,6 +37,12 @@ _loads = marshal.loads
 
 _RECENT = 1024  # newest rows kept as Row objects (between _RECENT and _RECENT + _BLOCK)
 _BLOCK = 512  # older rows: packed by blocks of this many
+# An append of at least this many entries (a record's group commit) goes into blocks at once,
+# with the recent entries before it: its entries are freed while still in the CPU's caches,
+# not a thousand appends later (a reader of them, rarely any, decodes their blocks).
+_DIRECT = 256
+_NAMES = (0, 1, 2, 7, 8)  # agent, source, client_id, origin, call
+_COLUMNS = [itemgetter(i) for i in range(len(NewEntry._fields))]
 
 # A block of consecutive rows: (first seq, last seq, the rows' columns as plain tuples in one
 # marshal blob), or, if marshal cannot hold them (values that are not JSON-like builtins, which
@@ -51,21 +59,46 @@ def _rows(first: int, entries: Sequence[tuple[Any, ...]]) -> list[Row]:
 
 def _pack_block(first: int, entries: Sequence[NewEntry]) -> _Block:
     """A block of ``entries``, the first at journal position ``first``."""
-    last = first + len(entries) - 1
+    n = len(entries)
     blob: Any
     try:
-        # by columns (transposed at C speed; marshal's references share repeated strings)
-        blob = _dumps(tuple(zip(*entries, strict=True)))
+        # by columns (taken at C speed, one pass a column: zip(*entries) would hold an
+        # iterator per entry at once, enough to start a collection of the cyclic GC; marshal's
+        # references share repeated strings), a column of the writer's names or client id
+        # that holds one value as that value alone
+        cols = [list(map(get, entries)) for get in _COLUMNS]
+        for i in _NAMES:
+            col = cols[i]
+            if type(col[0]) in (str, int) and col.count(col[0]) == n:
+                cols[i] = col[:1]
+        blob = _dumps(tuple(cols))
     except ValueError:
         blob = _rows(first, entries)
-    return (first, last, blob)
+    return (first, first + n - 1, blob)
+
+
+def _entries_of(n: int, cols: Sequence[list[Any]]) -> list[NewEntry]:
+    """The ``n`` entries given by columns (see :meth:`MemoryJournal.append_columns`)."""
+    full = [col if len(col) == n else col * n for col in cols]
+    return [_tuple_new(NewEntry, e) for e in zip(*full, strict=True)]
+
+
+def _pack_columns(first: int, n: int, cols: list[list[Any]]) -> _Block:
+    """A block of the ``n`` entries given by columns (see
+    :meth:`MemoryJournal.append_columns`), the first at journal position ``first``."""
+    try:
+        return (first, first + n - 1, _dumps(tuple(cols)))
+    except ValueError:
+        return _pack_block(first, _entries_of(n, cols))
 
 
 def _unpack_block(block: _Block) -> list[Row]:
-    first, _, blob = block
+    first, last, blob = block
     if type(blob) is not bytes:
         return list(blob)
-    return _rows(first, list(zip(*_loads(blob), strict=True)))
+    n = last - first + 1
+    cols = [col if len(col) == n else col * n for col in _loads(blob)]
+    return _rows(first, list(zip(*cols, strict=True)))
 
 
 def _block_last(block: _Block) -> int:
@@ -116,6 +149,19 @@ class _Run:
             self.blocks.append(_pack_block(first + at, recent[at : at + _BLOCK]))
         del recent[:n]
         self.recent_first = first + n
+
+    def pack_all(self, entries: Sequence[NewEntry]) -> None:
+        """Append ``entries`` (positions from ``head + 1`` on) and move every recent entry
+        into blocks of at most ``_BLOCK``."""
+        recent = self.recent
+        if not recent:
+            self.recent_first = self.head + 1
+        recent.extend(entries)
+        first = self.recent_first
+        for at in range(0, len(recent), _BLOCK):
+            self.blocks.append(_pack_block(first + at, recent[at : at + _BLOCK]))
+        self.recent = []
+        self.recent_first = first + len(recent)
 
 
 class _MemoryAuthority(Authority):
@@ -235,14 +281,45 @@ class MemoryJournal(JournalBackend):
             raise RunClosed(tenant, run, r.state)
         recent = r.recent
         head = r.head
-        if not recent:
-            r.recent_first = head + 1
-        recent.extend(entries)
+        if len(entries) >= _DIRECT:
+            r.pack_all(entries)
+        else:
+            if not recent:
+                r.recent_first = head + 1
+            recent.extend(entries)
+            if len(recent) >= _RECENT + _BLOCK:
+                r.pack()
         r.head = head + len(entries)
-        seqs = list(range(head + 1, r.head + 1))
-        if len(recent) >= _RECENT + _BLOCK:
-            r.pack()
-        return seqs
+        return list(range(head + 1, r.head + 1))
+
+    async def append_columns(
+        self, tenant: str, run: str, columns: Sequence[list[Any]], *, durable: bool
+    ) -> list[int]:
+        """:meth:`append` of entries given by columns: :class:`NewEntry`'s fields in order,
+        each a list with an item per entry, or one item that every entry has (what a record's
+        committer hands over: a group commit goes into blocks without a tuple per entry)."""
+        r = self._run(tenant, run)
+        if r.lock is not None and r.lock.locked():
+            async with r.lock:  # wait for an open authority transaction to end
+                pass
+        return self._append_columns(tenant, run, columns)
+
+    def _append_columns(self, tenant: str, run: str, columns: Sequence[list[Any]]) -> list[int]:
+        n = max(map(len, columns))
+        if n < _DIRECT:  # (a few entries: kept as tuples among the recent ones)
+            return self._append(tenant, run, _entries_of(n, columns))
+        r = self._run(tenant, run)
+        if r.state != "open":
+            raise RunClosed(tenant, run, r.state)
+        if r.recent:
+            r.pack_all(())
+        head = r.head
+        for at in range(0, n, _BLOCK):
+            part = [col if len(col) == 1 else col[at : at + _BLOCK] for col in columns]
+            r.blocks.append(_pack_columns(head + 1 + at, min(_BLOCK, n - at), part))
+        r.head = head + n
+        r.recent_first = r.head + 1
+        return list(range(head + 1, r.head + 1))
 
     async def read(
         self, tenant: str, run: str, after: int, limit: int = 10_000, *, skip_client: int = -1
