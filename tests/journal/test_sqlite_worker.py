@@ -19,10 +19,6 @@ from crdtstore._backends.sqlite import _authority as sqa
 from tests._wait import until
 
 
-def _threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == "crdtstore-sqlite"]
-
-
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_calls_run_in_one_thread_in_order_and_errors_reach_the_caller(
     anyio_backend: str,
@@ -87,11 +83,12 @@ async def test_the_thread_ends_when_idle_and_starts_again(
     monkeypatch.setattr(sqa, "WORKER_IDLE", 0.05)
     worker = sqa._Worker()
     loop = asyncio.get_running_loop()
-    before = len(_threads())
-    first = await worker.run(loop, threading.get_ident)
-    await until(lambda: len(_threads()) == before, "the idle worker to end")
-    second = await worker.run(loop, threading.get_ident)
-    assert first != threading.get_ident() and second != threading.get_ident()
+    # (this worker's own thread: other tests' idle workers may end meanwhile)
+    first = await worker.run(loop, threading.current_thread)
+    assert first is not threading.current_thread() and first.name == "crdtstore-sqlite"
+    await until(lambda: not first.is_alive(), "the idle worker to end")
+    second = await worker.run(loop, threading.current_thread)
+    assert second is not first and second.is_alive()
     assert await worker.run(loop, lambda: 1) == 1
 
 
