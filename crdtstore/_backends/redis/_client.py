@@ -126,13 +126,19 @@ async def reply(conn: Any) -> Any:
     the parser is not hiredis's, redis-py reads."""
     parser = conn._parser
     reader = getattr(parser, "_reader", None)
-    if type(parser) is not HiredisParser or reader is None or not parser._connected:
+    stream = getattr(parser, "_stream", None)
+    if (
+        type(parser) is not HiredisParser
+        or reader is None
+        or stream is None
+        or not getattr(parser, "_connected", False)
+    ):  # (also a redis-py whose parser lacks what this reads: its own read then)
         return await conn.read_response()
-    push = parser._hiredis_PushNotificationType
+    push = getattr(parser, "_hiredis_PushNotificationType", None)
     while True:
         got = reader.gets()
         if got is NOT_ENOUGH_DATA:
-            got = await _read(conn, parser._stream, reader)
+            got = await _read(conn, stream, reader)
         if push is None or not isinstance(got, push):
             break
         await parser.handle_push_response(got)  # (e.g. maintenance notices)
