@@ -65,17 +65,34 @@ def _char_id(root: Any, text: str, index: int) -> tuple[int, int] | None:
     if text[lo:index].isascii():
         return got
     blocks = _blocks(root, text, got[0], lo, index + 1, got[1])
-    if not blocks:
-        return got
+    if not blocks:  # (the bisection met a coincidence: walk back instead)
+        lo = _run_start(root, text, index, got, walk=True)
+        blocks = _blocks(root, text, got[0], lo, index + 1, got[1])
+        if not blocks:
+            return got
     at, clock, _ = blocks[-1]  # the block holding the character
     return got[0], clock + _utf16(text[at:index])
 
 
-def _run_start(root: Any, text: str, index: int, got: tuple[int, int]) -> int:
+def _run_start(
+    root: Any, text: str, index: int, got: tuple[int, int], *, walk: bool = False
+) -> int:
     """The first character that reads as of the block of character ``index`` (id ``got``
-    as pycrdt names it), bisected: a block's first character."""
+    as pycrdt names it), bisected: a block's first character. The bisection can land too
+    early where characters of other clients between two of this client's happen to make
+    the clocks line up again; ``walk``: step back one character at a time instead, to the
+    first that does not read as of the block (what a bisection's result failing to chain
+    into blocks falls back to)."""
     client, raw = got
     pos = utf8_offset(text, index)
+    if walk:
+        at, back = index, 0
+        while at > 0:
+            back += _utf8(text[at - 1])
+            if item_id(root, pos - back) != (client, raw - back):
+                break
+            at -= 1
+        return at
     lo, hi = 0, index
     while lo < hi:
         mid = (lo + hi) // 2
@@ -176,6 +193,9 @@ def exact_runs(
         done = n + 1
         at = runs[n][0]
         blocks = _blocks(root, text, client, lo, stop, raw, known[client], offset)
+        if blocks is None and lo < at:  # (see _run_start)
+            lo = _run_start(root, text, at, (client, raw), walk=True)
+            blocks = _blocks(root, text, client, lo, stop, raw, known[client], offset)
         if blocks is None:
             out.append(runs[n])
             continue

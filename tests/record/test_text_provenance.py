@@ -154,3 +154,31 @@ async def test_bad_indexes_are_refused() -> None:
             with pytest.raises(InvalidValue):
                 t.provenance("1")  # type: ignore[arg-type]
             assert t.provenance(4) is not None and t.provenance(4).agent == "w"  # type: ignore[union-attr]
+
+
+def test_another_clients_character_that_lines_the_clocks_up_again_is_not_a_block_start() -> None:
+    """ "x" (client 1, clock 0), a map write (clock 1), "c" of client 2 after it, then "yéé"
+    (one block from clock 2): counted back from the second "é" (named clock 5 by pycrdt,
+    exactly 4), "x" reads as of the same block, so the bisection for the block's start
+    stops there; the chain from it breaks at "c", and the walk back finds "y"."""
+    from pycrdt import Doc, Map, Text
+
+    from crdtstore.record._text_ids import char_id
+
+    def sync(src: Doc, dst: Doc) -> None:
+        dst.apply_update(src.get_update(dst.get_state()))
+
+    a, b = Doc(client_id=1), Doc(client_id=2)
+    ta, tb = a.get("t", type=Text), b.get("t", type=Text)
+    tb.insert(0, "zzzz")
+    sync(b, a)
+    ta.insert(4, "x")
+    a.get("m", type=Map)["k"] = 1
+    sync(a, b)
+    tb.insert(5, "c")
+    sync(b, a)
+    ta.insert(6, "yéé")
+    text = str(ta)
+    assert text == "zzzzxcyéé"
+    ids = [char_id(ta, text, i) for i in range(len(text))]
+    assert ids == [(2, 0), (2, 1), (2, 2), (2, 3), (1, 0), (2, 4), (1, 2), (1, 3), (1, 4)]
