@@ -205,18 +205,19 @@ class SQLiteLeases(TableBackend):
     # request and release: as the base class has them, minus two coroutines and a closure per
     # transition when the lease connection is ready and the write lock free
 
+    def _lock_at_once(self) -> bool:
+        """Take the write lock without waiting, if the cached table is of this connection,
+        still open (a forked child has no cache); True with the lock held."""
+        db = self._cached_db
+        if db is not self.journal._lease_db or self._cursor_db is not db:
+            return False
+        return self._lock.acquire(blocking=False)
+
     def request_now(
         self, tenant: str, owner: str, resources: tuple[str, ...], ttl: float, proc: Proc
     ) -> Granted | None:
         t = self._cached
-        if t is None or t.reqs:
-            return None
-        # the cache is of this connection, still open (a forked child has no cache)
-        db = self._cached_db
-        if db is not self.journal._lease_db or self._cursor_db is not db:
-            return None
-        lock = self._lock
-        if not lock.acquire(blocking=False):
+        if t is None or t.reqs or not self._lock_at_once():
             return None
         try:
             clock = self.clock
@@ -237,18 +238,12 @@ class SQLiteLeases(TableBackend):
             self._cached = None  # changed, and maybe not as written
             raise
         finally:
-            lock.release()
+            self._lock.release()
 
     def release_now(self, tenant: str, lease_id: str, owner: str, token: int | None) -> bool:
         t = self._cached
         rank = self._moved
-        if t is None or not rank:
-            return False
-        db = self._cached_db
-        if db is not self.journal._lease_db or self._cursor_db is not db:
-            return False
-        lock = self._lock
-        if not lock.acquire(blocking=False):
+        if t is None or not rank or not self._lock_at_once():
             return False
         try:
             clock = self.clock
@@ -272,7 +267,7 @@ class SQLiteLeases(TableBackend):
             self._cached = None  # changed, and maybe not as written
             raise
         finally:
-            lock.release()
+            self._lock.release()
 
     async def request(
         self,
