@@ -180,15 +180,18 @@ class BulkLoad:
                     # no write matched: a write from before these entries is still current
         del pending
         table = replica.table
-        tseqs, walls, who, names = table.seqs, table.walls, table.who, table.names
+        if winners:
+            table.fit(max(winners))
+        tseqs, walls = table.seqs, table.walls
         for seq in sorted(winners):  # in journal order: the table appends
             _, _, agent, source, wall, origin, _ = winners[seq]
             if tseqs and seq <= tseqs[-1]:
                 table.add(seq, agent, source, wall, origin)
             else:  # the usual case (as in Replica.journaled_many)
+                who = table.name_index(agent, source, origin)
                 tseqs.append(seq)
                 walls.append(wall)
-                who.append(names(agent, source, origin))
+                table.who.append(who)
         if len(tseqs) > table.sweep_at:
             table.keep(replica._live_seqs())
         if settle:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable
 from functools import partial
+from itertools import repeat
 from operator import is_, itemgetter
 from typing import Any
 
@@ -114,8 +115,7 @@ class ReplicaDocument(ProvenanceIndex):
         row of the table: the committer's usual batch of single sets, at C speed (no Python
         step per entry). Returns False, having changed nothing, for any other batch."""
         table = self.table
-        tseqs = table.seqs
-        if (tseqs and seqs[0] <= tseqs[-1]) or not _increasing(seqs):
+        if (table.seqs and seqs[0] <= table.seqs[-1]) or not _increasing(seqs):
             return False
         opss = list(map(_second, batch))
         if not all(opss) or sum(map(len, opss)) != len(opss):  # (not one op each)
@@ -140,9 +140,12 @@ class ReplicaDocument(ProvenanceIndex):
         if not all(map(is_, map(keys.get, names), metas)):  # (a key written again since)
             return False
         keys.update(zip(names, seqs, strict=True))
+        table.fit(seqs[-1])
+        who = table.name_index(agent, source, run)
+        tseqs = table.seqs
         tseqs.extend(seqs)
         table.walls.extend(map(_third, metas))
-        table.who += [table.names(agent, source, run)] * n
+        table.who.extend(repeat(who, n))
         self.coll_seq[name] = last = seqs[-1]
         if last > self.head:
             self.head = last

@@ -33,7 +33,7 @@ from .._journal import Op, Row
 from .._models import Provenance
 from ..codec import CodecError, encode_var_uint, read_var_uint_at
 from ..codec._ranges import first_clock, struct_ranges
-from ._provenance import Meta, _EntryTable, _increasing
+from ._provenance import Meta, _EntryTable
 from ._text_ids import exact_runs, item_id
 
 _OPEN = -1  # the end of a local entry's range: where the client's next range starts
@@ -187,21 +187,19 @@ class ItemIndex:
                 if self._add(client, start, end, seq):
                     added = True
         if added:
-            table = self.table
-            tseqs = table.seqs
-            if tseqs and seq <= tseqs[-1]:
-                table.add(seq, agent, source, wall, run)
-            else:  # the usual case: append (as ProvenanceIndex.journaled_many)
-                tseqs.append(seq)
-                table.walls.append(wall)
-                table.who.append(table.names(agent, source, run))
+            self.table.add(seq, agent, source, wall, run)
 
     def applied_rows(self, rows: Iterable[Row]) -> None:
         """:meth:`applied` of every entry of ``rows`` whose effect writes list or text items
         (in journal order; the replay's path: the usual case inline)."""
         encoded, runs_of, table = self._encoded, self.runs, self.table
-        tseqs, walls, who, names = table.seqs, table.walls, table.who, table.names
+        if not isinstance(rows, list):
+            rows = list(rows)
+        if rows:
+            table.fit(max(row[0] for row in rows))
+        tseqs, walls, names = table.seqs, table.walls, table.name_index
         last: tuple[str, str, str] = ("", "", "")
+        who_ = -1
         for seq, agent, source, cid, wall, update, effect, _, origin, _ in rows:
             for op in effect:
                 if op[0] != "map":
@@ -241,8 +239,9 @@ class ItemIndex:
             tseqs.append(seq)
             walls.append(wall)
             if last[0] != agent or last[1] != source or last[2] != origin:
-                last = names(agent, source, origin)
-            who.append(last)
+                last = (agent, source, origin)
+                who_ = names(agent, source, origin)
+            table.who.append(who_)  # (not held: a name new to the table widens the column)
 
     def _own_start(self, update: bytes, client_id: int) -> int | None:
         """The first clock of ``update`` if it holds only structs of ``client_id`` (the
@@ -317,16 +316,14 @@ class ItemIndex:
                 "end": _zpack(array("q", ends)),
                 "seq": _zpack(array("q", [runs.refs[i] for i in rows])),
             }
-        table = self.table
-        names = list(dict.fromkeys(table.who))
-        number = {w: i for i, w in enumerate(names)}  # (few: a dict lookup per row)
+        seqs, walls, who, names = self.table.columns()
         return {
             "clients": clients,
             "table": {
-                "seq": _zpack(table.seqs),
-                "wall": _zpack(table.walls),
-                "who": _zpack(array("q", [number[w] for w in table.who])),
-                "names": [list(w) for w in names],
+                "seq": _zpack(seqs),
+                "wall": _zpack(walls),
+                "who": _zpack(who),
+                "names": names,
             },
         }
 
@@ -339,18 +336,11 @@ class ItemIndex:
         if not state:
             return
         packed = state.get("table", {})
-        names = [self.table.names(str(a), str(s), str(r)) for a, s, r in packed.get("names", [])]
         seqs = _zunpack("q", packed.get("seq", ""))
         walls = _zunpack("d", packed.get("wall", ""))
-        who = [names[i] for i in _zunpack("q", packed.get("who", ""))]
-        if not (len(seqs) == len(walls) == len(who)):
+        who = _zunpack("q", packed.get("who", ""))
+        if not self.table.adopt(seqs, walls, who, packed.get("names", [])):
             raise ValueError("inconsistent item provenance table")
-        table = self.table
-        if not table.seqs and _increasing(seqs):  # a fresh replica: adopt the columns
-            table.seqs, table.walls, table.who = seqs, walls, who
-        else:
-            for seq, wall, (agent, source, run) in zip(seqs, walls, who, strict=True):
-                table.add(seq, agent, source, wall, run)
         for key, cols in state.get("clients", {}).items():
             client = int(key)
             starts, ends = _zunpack("q", cols["start"]), _zunpack("q", cols["end"])

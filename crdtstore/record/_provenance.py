@@ -16,12 +16,13 @@ import time
 from array import array
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
-from itertools import islice
+from itertools import compress, islice
 from operator import lt
 from typing import Any, NamedTuple
 
 from .._heap import release_free_memory
 from .._journal import Op
+from ._settled import _compact
 from ._settled import _Settled as _Settled
 
 
@@ -58,6 +59,9 @@ class Writer(NamedTuple):
     source: str
 
 
+_NARROW = 1 << 32  # journal positions below this fit the entry table's 4-byte column
+
+
 def now() -> float:
     return time.time()
 
@@ -65,38 +69,56 @@ def now() -> float:
 class _EntryTable:
     """Provenance of journaled entries, by journal position, in parallel arrays.
 
-    One row per entry that is still the provenance of some key: 8 bytes of position, 8 of wall
-    time and a pointer to a shared ``(agent, source, run)`` tuple, instead of a ``Meta`` tuple
-    and its float per key (100k keys: about 2.4 MiB instead of 11). Rows are kept sorted
-    by position (entries arrive in journal order but for the odd local commit that lands
-    after a later remote entry was applied); rows no key points at any more are dropped when
-    the table has grown to twice what was live at the last sweep.
+    One row per entry that is still the provenance of some key: 4 bytes of position (8 once
+    one does not fit), 8 of wall time and 1 of the index of a shared ``(agent, source, run)``
+    tuple in :attr:`names_of` (wider when there are more), instead of a ``Meta`` tuple and
+    its float per key (100k keys: about 1.3 MiB instead of 11). Rows are kept sorted by
+    position (entries arrive in journal order but for the odd local commit that lands after
+    a later remote entry was applied); rows no key points at any more are dropped when the
+    table has grown to twice what was live at the last sweep. Who appends to the columns
+    directly first calls :meth:`fit` with the highest position and takes the index of the
+    names from :meth:`name_index` (either may replace a column by a wider one).
     """
 
-    __slots__ = ("_last", "_names", "seqs", "sweep_at", "walls", "who")
+    __slots__ = ("_last", "_last_i", "_names", "names_of", "seqs", "sweep_at", "walls", "who")
 
     def __init__(self) -> None:
-        self.seqs = array("q")
+        self.seqs: array[int] = array("I")
         self.walls = array("d")
-        self.who: list[tuple[str, str, str]] = []
-        self._names: dict[tuple[str, str, str], tuple[str, str, str]] = {}
+        self.who: array[int] = array("B")  # per row, the index of its names in names_of
+        self.names_of: list[tuple[str, str, str]] = []
+        self._names: dict[tuple[str, str, str], int] = {}
         self._last = ("", "", "")
+        self._last_i = -1
         self.sweep_at = 4096
 
     def __len__(self) -> int:
         return len(self.seqs)
 
-    def names(self, agent: str, source: str, run: str) -> tuple[str, str, str]:
-        """The shared ``(agent, source, run)`` tuple."""
+    def fit(self, seq: int) -> None:
+        """Make :attr:`seqs` able to hold position ``seq`` (8-byte items, for good, when it
+        does not fit in 4)."""
+        if not 0 <= seq < _NARROW and self.seqs.typecode == "I":
+            self.seqs = array("q", self.seqs)
+
+    def name_index(self, agent: str, source: str, run: str) -> int:
+        """The index in :attr:`names_of` of ``(agent, source, run)`` (added if new)."""
         last = self._last
         if last[0] is agent and last[1] is source and last[2] is run:
-            return last
+            return self._last_i
         who = (agent, source, run)
-        who = self._last = self._names.setdefault(who, who)
-        return who
+        i = self._names.get(who)
+        if i is None:
+            i = self._names[who] = len(self.names_of)
+            self.names_of.append(who)
+            if i >= 1 << (8 * self.who.itemsize):
+                self.who = array("H" if i < 1 << 16 else "I", self.who)
+        self._last, self._last_i = who, i
+        return i
 
     def add(self, seq: int, agent: str, source: str, wall: float, run: str) -> None:
-        who = self.names(agent, source, run)
+        who = self.name_index(agent, source, run)
+        self.fit(seq)
         seqs = self.seqs
         if not seqs or seq > seqs[-1]:
             seqs.append(seq)
@@ -115,45 +137,78 @@ class _EntryTable:
         i = bisect_left(seqs, seq)
         if i == len(seqs) or seqs[i] != seq:
             return None
-        agent, source, run = self.who[i]
+        agent, source, run = self.names_of[self.who[i]]
         return Meta(agent, source, self.walls[i], seq, run)
+
+    def agent(self, seq: int) -> str | None:
+        """``get(seq).agent`` without building the ``Meta``."""
+        seqs = self.seqs
+        i = bisect_left(seqs, seq)
+        if i == len(seqs) or seqs[i] != seq:
+            return None
+        return self.names_of[self.who[i]][0]
 
     def keep(self, live: set[Any]) -> None:
         """Drop the rows whose position is not in ``live``."""
         if live.issuperset(self.seqs):  # every row is live (at C speed): nothing to drop
             self.sweep_at = max(4096, 2 * len(self.seqs))
             return
-        rows = [i for i, seq in enumerate(self.seqs) if seq in live]
-        self.seqs = array("q", [self.seqs[i] for i in rows])
-        self.walls = array("d", [self.walls[i] for i in rows])
-        self.who = [self.who[i] for i in rows]
-        self.sweep_at = max(4096, 2 * len(rows))
+        kept = list(map(live.__contains__, self.seqs))  # (at C speed, no int kept)
+        self.seqs = array(self.seqs.typecode, compress(self.seqs, kept))
+        self.walls = array("d", compress(self.walls, kept))
+        self.who = array(self.who.typecode, compress(self.who, kept))
+        self.sweep_at = max(4096, 2 * len(self.seqs))
+
+    def columns(self) -> tuple[array[int], array[float], array[int], list[list[str]]]:
+        """The columns to export: positions, wall times, and the names of each row as an
+        index into the list of names returned (those some row names, in order of first
+        use)."""
+        number = {i: n for n, i in enumerate(dict.fromkeys(self.who))}
+        names = [list(self.names_of[i]) for i in number]
+        return self.seqs, self.walls, array("q", map(number.__getitem__, self.who)), names
+
+    def adopt(
+        self, seqs: array[int], walls: array[float], who: array[int], names: Sequence[Any]
+    ) -> bool:
+        """Take in columns as :meth:`columns` gave them (``who`` indexing ``names``, lists of
+        agent, source and run). Returns False, having changed nothing, unless they fit
+        together (the same lengths, an index for every row); then the rows are added under
+        what is here already.
+        """
+        if not (len(seqs) == len(walls) == len(who)) or (
+            who and not 0 <= min(who) <= max(who) < len(names)
+        ):
+            return False
+        ours = [self.name_index(str(a), str(s), str(r)) for a, s, r in names]
+        if not self.seqs and _increasing(seqs):
+            # the usual case, a fresh replica: adopt the columns (the positions as 4-byte
+            # items while they fit)
+            self.seqs = _compact(seqs)
+            self.walls = walls
+            self.who = array(self.who.typecode, map(ours.__getitem__, who))
+            self.sweep_at = max(4096, 2 * len(seqs))
+            return True
+        names_of = self.names_of
+        for seq, wall, i in zip(seqs, walls, who, strict=True):
+            agent, source, run = names_of[ours[i]]
+            self.add(seq, agent, source, wall, run)
+        return True
 
     def export(self) -> dict[str, Any]:
         """The rows as JSON-able data: the columns packed (see :func:`_pack`)."""
-        names = list(dict.fromkeys(self.who))
-        number = {who: i for i, who in enumerate(names)}
-        return {
-            "seq": _pack(self.seqs),
-            "wall": _pack(self.walls),
-            "who": _pack(array("l", [number[w] for w in self.who])),
-            "names": [list(w) for w in names],
-        }
+        seqs, walls, who, names = self.columns()
+        return {"seq": _pack(array("q", seqs)), "wall": _pack(walls), "who": _pack(who), "names": names}
 
     def load(self, table: dict[str, Any]) -> None:
-        """Take in rows as :meth:`export` wrote them."""
-        names = [self.names(str(a), str(s), str(r)) for a, s, r in table.get("names", [])]
+        """Take in rows as :meth:`export` wrote them.
+
+        Raises:
+            ValueError: the columns do not fit together.
+        """
         seqs, walls = _unpack("q", table.get("seq", [])), _unpack("d", table.get("wall", []))
-        who = [names[i] for i in _unpack("l", table.get("who", []))]
-        if not (len(seqs) == len(walls) == len(who)):
+        who = _unpack("l", table.get("who", []))
+        if not self.adopt(seqs, walls, who, table.get("names", [])):
             raise ValueError("inconsistent provenance table")
-        if not self.seqs and _increasing(seqs):
-            # the usual case, a fresh replica: adopt the arrays as they are
-            self.seqs, self.walls, self.who = seqs, walls, who
-            self.sweep_at = max(4096, 2 * len(seqs))
-            return
-        for seq, wall, (agent, source, run) in zip(seqs, walls, who, strict=True):
-            self.add(seq, agent, source, wall, run)
 
 
 def _pack(values: array[Any]) -> str:
@@ -234,14 +289,16 @@ class ProvenanceIndex:
         """:meth:`journaled` for a committed batch of ``(update, ops, meta)`` entries (the
         committer's path: the same work without a call per entry)."""
         index, coll_seq, table = self.index, self.coll_seq, self.table
+        if seqs:
+            table.fit(max(seqs))
         tseqs = table.seqs
         add_seq, add_wall, add_who = tseqs.append, table.walls.append, table.who.append
-        names = table.names
+        names = table.name_index
         last = tseqs[-1] if tseqs else 0  # the table's last position
         name: Any = None  # the collection of the last map op, and its keys
         keys: dict[str, Any] | None = None
         grown: set[str] = set()  # the collections whose dict took in a position
-        agent_, source_, run_, who_ = "", "", "", ("", "", "")  # the last entry's names
+        agent_, source_, run_, who_ = "", "", "", -1  # the last entry's names, their index
         for (_, ops, meta), seq in zip(batch, seqs, strict=True):
             held = False
             for op in ops:
@@ -259,10 +316,12 @@ class ProvenanceIndex:
                 agent, source, wall, _, run, _ = meta
                 if seq <= last:
                     table.add(seq, agent, source, wall, run)
+                    add_who = table.who.append  # (names new to the table widen the column)
                 else:  # the usual case: append, the (agent, source, run) shared
                     if agent is not agent_ or source is not source_ or run is not run_:
                         agent_, source_, run_ = agent, source, run
                         who_ = names(agent, source, run)
+                        add_who = table.who.append
                     add_seq(seq)
                     add_wall(wall)
                     add_who(who_)
@@ -432,12 +491,7 @@ class ProvenanceIndex:
             if value is None:
                 return None
         if type(value) is int:
-            table = self.table
-            seqs = table.seqs
-            i = bisect_left(seqs, value)
-            if i == len(seqs) or seqs[i] != value:
-                return None
-            return table.who[i][0]
+            return self.table.agent(value)
         if type(value) is Meta:
             agent: str = value[0]
             return agent

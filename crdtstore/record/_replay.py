@@ -325,20 +325,22 @@ class JournalReplay(ReplicaDocument):
         """Put the entries ``winners`` (in journal order) in the entry table (appended in the
         usual case, as :meth:`ProvenanceIndex.journaled_many` does)."""
         table = self.table
-        tseqs, walls, who, names = table.seqs, table.walls, table.who, table.names
-        last = tseqs[-1] if tseqs else 0  # the table's last position
         if not winners:
             return
+        table.fit(winners[-1][0])
+        tseqs, walls, names = table.seqs, table.walls, table.name_index
+        last = tseqs[-1] if tseqs else 0  # the table's last position
         if winners[0][0] > last:
             named = set(map(_WHO, winners))
             if len(named) == 1:  # the usual case: all appended, under one (agent, source, run)
+                who_ = names(*named.pop())
                 tseqs.extend(map(_SEQ, winners))
                 walls.extend(map(_WALL, winners))
-                who.extend(repeat(names(*named.pop()), len(winners)))
+                table.who.extend(repeat(who_, len(winners)))
                 if len(tseqs) > table.sweep_at and not self._tails():
                     table.keep(self._live_seqs())
                 return
-        agent_, source_, run_, who_ = "", "", "", ("", "", "")  # the last entry's names
+        agent_, source_, run_, who_ = "", "", "", -1  # the last entry's names, their index
         for seq, agent, source, _, wall, _, _, _, run, _ in winners:
             if seq <= last:
                 table.add(seq, agent, source, wall, run)
@@ -348,7 +350,7 @@ class JournalReplay(ReplicaDocument):
                     who_ = names(agent, source, run)
                 tseqs.append(seq)
                 walls.append(wall)
-                who.append(who_)
+                table.who.append(who_)  # (not held: a name new to the table widens it)
                 last = seq
         # (a load's tails wait: its _settle sweeps once they are packed)
         if len(tseqs) > table.sweep_at and not self._tails():

@@ -236,3 +236,62 @@ def test_entry_table_keeps_rows_by_position_in_any_arrival_order(
     restored = _EntryTable()
     restored.load(json.loads(json.dumps(table.export())))
     assert [restored.get(s) for s in sorted(live)] == [table.get(s) for s in sorted(live)]
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([1, 2, 7, 300, (1 << 32) - 1, 1 << 32, (1 << 40) + 3]),
+            st.integers(0, 299),
+        ),
+        max_size=60,
+    )
+)
+def test_entry_table_widens_its_columns_for_big_positions_and_many_writers(
+    rows: list[tuple[int, int]],
+) -> None:
+    """The positions start as 4-byte items and the writers' names as 1-byte indices; a
+    position past 4 bytes or a 257th writer widens the column without changing a row."""
+    table, model = _EntryTable(), {}
+    for n in range(260):  # more writers than a 1-byte index holds
+        table.add(10_000 + n, f"a{n}", "tool", float(n), "")
+        model[10_000 + n] = Meta(f"a{n}", "tool", float(n), 10_000 + n, "")
+    for seq, agent in rows:
+        table.add(seq, f"b{agent}", "user", seq / 7, "r")
+        model.setdefault(seq, Meta(f"b{agent}", "user", seq / 7, seq, "r"))
+    assert table.seqs.tolist() == sorted(model)
+    assert table.who.itemsize >= 2
+    assert all(table.get(seq) == meta for seq, meta in model.items())
+    assert all(table.agent(seq) == meta.agent for seq, meta in model.items())
+    restored = _EntryTable()
+    restored.load(json.loads(json.dumps(table.export())))
+    assert all(restored.get(seq) == meta for seq, meta in model.items())
+
+
+def test_journal_positions_past_4_bytes_keep_their_provenance() -> None:
+    """The committer's and the replay's appends to the entry table widen its positions when
+    a journal position does not fit 4 bytes (a batch of single sets, _journaled_run)."""
+    rep = Replica()
+    root = rep.root("m", "map")
+    base = (1 << 32) - 4
+    batch = []
+    for i in range(10):
+        meta = Meta("w", "tool", float(i), None, "")
+        ops: list[Op] = [("map", "m", "set", f"k{i}", i)]  # type: ignore[list-item]
+        update = rep.local_set(root, ops, meta)
+        batch.append((update, ops, meta))
+    rep.journaled_many(batch, [base + i for i in range(10)])
+    assert rep.table.seqs.typecode == "q"
+    assert [rep.meta("m", f"k{i}") for i in range(10)] == [
+        Meta("w", "tool", float(i), base + i, "") for i in range(10)
+    ]
+    other = Replica()
+    other.apply_rows(
+        [
+            Row(base + i, "w", "tool", rep.client_id, float(i), u, ops, checksum(u), "", "")
+            for i, (u, ops, _) in enumerate(batch)
+        ]
+    )
+    assert [other.meta("m", f"k{i}") for i in range(10)] == [
+        Meta("w", "tool", float(i), base + i, "") for i in range(10)
+    ]
