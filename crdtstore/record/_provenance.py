@@ -197,7 +197,12 @@ class _EntryTable:
     def export(self) -> dict[str, Any]:
         """The rows as JSON-able data: the columns packed (see :func:`_pack`)."""
         seqs, walls, who, names = self.columns()
-        return {"seq": _pack(array("q", seqs)), "wall": _pack(walls), "who": _pack(who), "names": names}
+        return {
+            "seq": _pack(array("q", seqs)),
+            "wall": _pack(walls),
+            "who": _pack(who),
+            "names": names,
+        }
 
     def load(self, table: dict[str, Any]) -> None:
         """Take in rows as :meth:`export` wrote them.
