@@ -31,6 +31,11 @@ WAL_RESTART_FRAMES = 4000  # a log longer than this is emptied by the background
 # (``PRAGMA shrink_memory``): a load fills it (up to 2 MiB) with journal pages that are not
 # read again, and it stays with the process (bench/memory.py's resumed record: 1.6 MiB).
 SHRINK_AFTER_ROWS = 4096
+# Rows appended on the loop connection after which its page cache is given back likewise: an
+# append reads the pages it changes (the journal's last ones, some of its key index) and
+# leaves them cached, a cache that appends alone keep full (bench/memory.py's written record:
+# 1.9 MiB) though they hardly read a page twice.
+SHRINK_AFTER_APPENDS = 4096
 
 
 def _checkpoint_file(path: Path) -> None:
@@ -56,6 +61,15 @@ def _checkpoint_file(path: Path) -> None:
         log.debug("background checkpoint of %s skipped: %s", path, exc)
 
 
+def _shrink(db: sqlite3.Connection) -> None:
+    """Give the page cache of ``db`` back (``PRAGMA shrink_memory``; a failure only logged:
+    what was committed stays committed)."""
+    try:
+        db.execute("PRAGMA shrink_memory")
+    except sqlite3.Error as exc:
+        log.debug("shrink_memory skipped: %s", exc)
+
+
 class _LoopPath:
     """The loop-connection methods of :class:`~crdtstore._backends.sqlite.SQLiteJournal`
     (which sets these attributes)."""
@@ -67,6 +81,7 @@ class _LoopPath:
     _checkpointer: threading.Thread | None
     _run_ids: dict[tuple[str, str], int]
     _read_since_shrink = 0  # rows read on the loop connection since its cache was shrunk
+    _appended_since_shrink = 0  # rows appended on it since then
 
     def append_now(self, tenant: str, run: str, entries: Sequence[NewEntry]) -> list[int] | None:
         """A ``batched`` :meth:`append` (``synchronous=NORMAL``: survives the death of any
@@ -112,6 +127,10 @@ class _LoopPath:
                 if isinstance(exc, sqlite3.Error):
                     raise BackendError("sqlite", f"{type(exc).__name__}: {exc}") from exc
                 raise
+            self._appended_since_shrink += len(entries)
+            if self._appended_since_shrink >= SHRINK_AFTER_APPENDS:
+                self._appended_since_shrink = 0
+                _shrink(db)
         finally:
             conn.lock.release()
         self._loop_committed()
@@ -197,7 +216,7 @@ class _LoopPath:
             self._read_since_shrink += len(out)
             if self._read_since_shrink > SHRINK_AFTER_ROWS and len(out) < params[-1]:
                 self._read_since_shrink = 0
-                conn.db.execute("PRAGMA shrink_memory")
+                _shrink(conn.db)
             return out
         except sqlite3.Error as exc:
             if _is_busy(exc):
