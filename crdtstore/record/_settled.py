@@ -154,15 +154,18 @@ class _Settled:
         self._pack()
         if not new:
             return
-        encoded = {k.encode("utf-8", "surrogatepass"): v for k, v in new.items()}
+        encoded = dict(zip(map(str.encode, new, _UTF8, _SURROGATES), new.values(), strict=True))
         if not self.seqs:  # (a load's one packing)
             ordered = sorted(encoded)
             self._set(ordered, array("q", map(encoded.__getitem__, ordered)))
             return
         # the run's typecodes, unless what comes in does not fit them (then 8 bytes, for good)
         seqs_code, offs_code = self.seqs.typecode, self._offs.typecode
-        if seqs_code == "I" and not (min(new.values()) >= 0 and max(new.values()) < 1 << 32):
-            seqs_code = "q"
+        if seqs_code == "I":
+            try:
+                array("I", new.values())  # (a check at C speed: a position past 4 bytes)
+            except OverflowError:
+                seqs_code = "q"
         if offs_code == "I" and len(self._blob) + sum(map(len, encoded)) >= 1 << 32:
             offs_code = "q"
         self._merge_into(encoded, array(offs_code, [0]), array(seqs_code))
@@ -209,4 +212,6 @@ class _Settled:
         self.seqs = out_seqs
 
 
-_CHUNK = 4096  # old keys of a settled run that its merge holds as objects at a time
+_CHUNK = 512  # old keys of a settled run that its merge holds as objects at a time (few:
+# a writer's new keys often sort among a few chunks only, the others are copied as they are)
+_UTF8, _SURROGATES = repeat("utf-8"), repeat("surrogatepass")  # (str.encode's arguments)
