@@ -23,7 +23,7 @@ has no rollback), as a guarded write whose append fails always was.
 from __future__ import annotations
 
 from builtins import list as _List
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from time import time as _time
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +31,7 @@ import anyio
 import anyio.lowlevel
 
 from .._errors import StaleVersion
-from .._journal import Authority, Op
+from .._journal import Authority, NewEntry, Op
 from .._models import Version
 from ._pipeline import WritePipeline
 from ._provenance import Meta
@@ -119,8 +119,32 @@ class _Txn:
         self.unchanged: _List[tuple[_Waiting, int]] = []  # accepted, nothing to write
 
 
+class _Window:
+    """An open group a guarded write may join at once (see :meth:`GuardedGroups._join_window`):
+    its transaction, the authority's synchronous append, and the writes it took."""
+
+    __slots__ = ("auth", "failed", "joined", "now", "taken", "txn")
+
+    def __init__(
+        self,
+        auth: Authority,
+        now: Callable[[Sequence[NewEntry]], _List[int]],
+        txn: _Txn,
+        taken: _List[_Waiting],
+    ) -> None:
+        self.auth = auth
+        self.now = now
+        self.txn = txn
+        self.taken = taken
+        self.joined = 0
+        self.failed: BaseException | None = None  # a joiner's append failed
+
+
 class GuardedGroups(WritePipeline):
     """The grouped decision of a record's guarded writes (see the module docstring)."""
+
+    _guard_window: _Window | None = None  # the group under way, while writers may join it
+    _guard_crowd = 0  # writes the last group decided (more than one: wait for joiners)
 
     async def _write_grouped(
         self,
@@ -138,6 +162,9 @@ class GuardedGroups(WritePipeline):
         w = _Waiting(
             name, key, expected, ops, apply, current, based_on, fence, self._new_meta(_time())
         )
+        window = self._guard_window
+        if window is not None and fence is None and self._txn_task is None:
+            return await self._join_window(window, w)
         self._guard_queue.append(w)
         if self._guard_leading:
             w.event = anyio.Event()
@@ -203,8 +230,11 @@ class GuardedGroups(WritePipeline):
                 # from the first write applied on, the group is seen through: no cancellation
                 # between a write applied to the document and its journal entry
                 with anyio.CancelScope(shield=True):
+                    now = getattr(auth, "append_now", None)
+                    window = _Window(auth, now, txn, taken) if now is not None else None
+                    crowd = self._guard_crowd > 1
                     for _ in range(GROUP_ROUNDS):
-                        if not queue or self._txn_task is not None:
+                        if self._txn_task is not None:
                             break
                         batch = [w for w in queue if not w.done]
                         queue.clear()
@@ -214,10 +244,22 @@ class GuardedGroups(WritePipeline):
                             await self._append_pending(auth, txn)
                             if not await self._decide(auth, txn, w):
                                 refused = True
-                        if not refused:
+                        if not (refused or crowd or queue):
                             break
-                        # the refused writers read again and retry: into this transaction
-                        await anyio.lowlevel.checkpoint()
+                        # the refused writers read again and retry, and writers that come
+                        # now (a success's next read) decide at once: into this transaction
+                        joined = 0 if window is None else window.joined
+                        self._guard_window = window
+                        try:
+                            await anyio.lowlevel.checkpoint()
+                        finally:
+                            self._guard_window = None
+                        if window is not None and window.failed is not None:
+                            raise window.failed
+                        if not queue and (window is None or window.joined == joined):
+                            break
+                        crowd = False
+                    self._guard_crowd = len(taken)
                     if txn.pending == len(txn.entries) and not txn.unchanged:
                         raise _NothingAccepted  # every write refused: the append is undone
                     await self._append_pending(auth, txn)  # plain writes made meanwhile
@@ -234,6 +276,41 @@ class GuardedGroups(WritePipeline):
         self._inflight.clear()
         self._committed_group(txn)
 
+    async def _join_window(self, window: _Window, w: _Waiting) -> int:
+        """Decide ``w`` at once in the group under way (the writer read the state that group
+        has reached, with nothing in between: a success's next read-increment-write chains
+        on it in the same transaction), then wait for the group's commit."""
+        window.taken.append(w)
+        window.joined += 1
+        self._append_pending_now(window)
+        made = self._made(window.txn, w)
+        if made is not None:
+            update, version = made
+            if update is None:
+                window.txn.unchanged.append((w, version))
+            else:
+                entry = (update, w.ops, w.meta)
+                try:
+                    (seq,) = window.now(self._entries([entry]))
+                except BaseException as exc:  # in the document: the committer journals it
+                    self._enqueue(update, w.ops, w.meta)
+                    window.failed = exc  # and the group fails (see _decide_group)
+                    w.settle(error=exc)
+                else:
+                    self._took(window.txn, w, entry, seq)
+        if not w.done:
+            w.event = anyio.Event()
+            await w.event.wait()  # (cancelled: the group decides it all the same)
+        return w.outcome()
+
+    def _append_pending_now(self, window: _Window) -> None:
+        """:meth:`_append_pending` with the authority's synchronous append."""
+        txn = window.txn
+        pending = self._pending
+        if len(pending) > txn.pending:
+            new = list(pending)[txn.pending :]
+            self._took_pending(txn, new, window.now(self._entries(new)))
+
     async def _append_pending(self, auth: Authority, txn: _Txn) -> None:
         """Append the record's own entries made since the group's last append (plain writes,
         and what a failed apply left): the journal order stays the order they were made in."""
@@ -241,7 +318,9 @@ class GuardedGroups(WritePipeline):
         if len(pending) <= txn.pending:
             return
         new = list(pending)[txn.pending :]
-        seqs = await auth.append(self._entries(new))
+        self._took_pending(txn, new, await auth.append(self._entries(new)))
+
+    def _took_pending(self, txn: _Txn, new: _List[_Entry], seqs: _List[int]) -> None:
         txn.pending += len(new)
         inflight = self._inflight
         for entry, seq in zip(new, seqs, strict=True):
@@ -253,10 +332,30 @@ class GuardedGroups(WritePipeline):
     async def _decide(self, auth: Authority, txn: _Txn, w: _Waiting) -> bool:
         """Decide one write against the state the transaction has reached: refuse it (told at
         once; False), or apply and append it (True)."""
+        if w.fence is not None:
+            try:
+                await self._check_fence(auth, *w.fence)
+            except Exception as exc:
+                w.settle(error=exc)
+                return False
+        made = self._made(txn, w)
+        if made is None:
+            return False
+        update, version = made
+        if update is None:  # it changes nothing: only the guard was checked
+            txn.unchanged.append((w, version))
+            return True
+        entry = (update, w.ops, w.meta)
+        (seq,) = await auth.append(self._entries([entry]))
+        self._took(txn, w, entry, seq)
+        return True
+
+    def _made(self, txn: _Txn, w: _Waiting) -> tuple[bytes | None, int] | None:
+        """Check ``w``'s guard against the state the transaction has reached and apply it: its
+        update (None: it changes nothing) and the version it was decided on; or None, and
+        ``w`` refused (settled with its error)."""
         usage = None
         try:
-            if w.fence is not None:
-                await self._check_fence(auth, *w.fence)
             version = self.version(w.name, w.key)
             if w.expected is not None and version != w.expected:
                 raise StaleVersion(w.name, w.key, w.expected, version, w.current())
@@ -285,17 +384,14 @@ class GuardedGroups(WritePipeline):
                 self._account(usage)
         except Exception as exc:
             w.settle(error=exc)
-            return False
-        if update is None:  # it changes nothing: only the guard was checked
-            txn.unchanged.append((w, version or 0))
-            return True
-        entry = (update, w.ops, w.meta)
-        (seq,) = await auth.append(self._entries([entry]))
+            return None
+        return update, version or 0
+
+    def _took(self, txn: _Txn, w: _Waiting, entry: _Entry, seq: int) -> None:
         self._inflight[id(w.meta)] = seq
         txn.entries.append(entry)
         txn.seqs.append(seq)
         txn.writes.append(w)
-        return True
 
     def _requeue(self, txn: _Txn) -> None:
         """The group failed: nothing of it was journaled. Queue its accepted writes (they are

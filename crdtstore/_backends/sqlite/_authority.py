@@ -175,6 +175,11 @@ class _SQLiteAuthority(Authority):
         return _rows(await self._in_thread(fetch))
 
     async def append(self, entries: Sequence[NewEntry]) -> list[int]:
+        return self.append_now(entries)
+
+    def append_now(self, entries: Sequence[NewEntry]) -> list[int]:
+        """:meth:`append`, synchronous (it runs on the loop thread): a guarded write that
+        joins a group under way appends in its own task, with no await in between."""
         if not entries:
             return []
         effects = [_dumps(e.effect) for e in entries]
