@@ -82,6 +82,10 @@ class _SQLiteAuthority(Authority):
         self.committed = False  # append_last committed: leaving the context only ends it
         self._head = head  # the run's head while nothing was appended here (None: unknown)
         self._wrote = False  # something was appended or run_sync ran (the commit may sync)
+        # appends are held back and written in one statement set before anything reads or
+        # commits (the positions are known: no one else appends while the lock is held)
+        self._next: int | None = None  # the next entry's position (None: write at once)
+        self._held: list[NewEntry] = []
 
     @classmethod
     async def begin(
@@ -114,9 +118,12 @@ class _SQLiteAuthority(Authority):
                     db.execute(f"PRAGMA synchronous={want}")
                     conn.synchronous = want
                 db.execute("BEGIN IMMEDIATE")
-                row = db.execute("SELECT head FROM runs WHERE id = ?", (rid,)).fetchone()
+                row = db.execute("SELECT head, state FROM runs WHERE id = ?", (rid,)).fetchone()
                 head = None if row is None else int(row[0])
-                return cls(journal, conn, tenant, run, rid, head, durable)
+                auth = cls(journal, conn, tenant, run, rid, head, durable)
+                if head is not None and row[1] == "open":
+                    auth._next = head + 1
+                return auth
             except sqlite3.Error as exc:
                 if db.in_transaction:
                     db.execute("ROLLBACK")
@@ -159,6 +166,8 @@ class _SQLiteAuthority(Authority):
         return out
 
     async def read(self, after: int) -> list[Row]:
+        if self._held:
+            self._write_held()
         head = self._head
         if head is not None and after >= head:
             return []  # nothing past the head, which no one else can move now
@@ -179,16 +188,32 @@ class _SQLiteAuthority(Authority):
 
     def append_now(self, entries: Sequence[NewEntry]) -> list[int]:
         """:meth:`append`, synchronous (it runs on the loop thread): a guarded write that
-        joins a group under way appends in its own task, with no await in between."""
+        joins a group under way appends in its own task, with no await in between. Held
+        back until the transaction reads or commits (one statement set for a group)."""
         if not entries:
             return []
-        effects = [_dumps(e.effect) for e in entries]
+        first = self._next
         self._head = None
         self._wrote = True
+        if first is not None:
+            self._held += entries
+            self._next = first + len(entries)
+            return list(range(first, first + len(entries)))
+        return self._append(entries)
+
+    def _append(self, entries: Sequence[NewEntry]) -> list[int]:
+        effects = [_dumps(e.effect) for e in entries]
         try:  # (what _now does, without a closure: once per guarded write)
             return _append_tx(self._conn.db, self._tenant, self._run, self._rid, entries, effects)
         except sqlite3.Error as exc:
             raise _translated(exc) from exc
+
+    def _write_held(self) -> None:
+        """Write the appends held back, at the positions they were given."""
+        held, self._held = self._held, []
+        seqs = self._append(held)
+        if self._next is None or seqs[-1] != self._next - 1:  # (the lock says it cannot)
+            raise BackendError("sqlite", f"the run's head moved under the write lock: {seqs}")
 
     async def append_last(self, entries: Sequence[NewEntry]) -> list[int]:
         seqs = await self.append(entries)
@@ -197,7 +222,10 @@ class _SQLiteAuthority(Authority):
         return seqs
 
     async def run_sync(self, fn: Callable[[Any], T]) -> T:
+        if self._held:
+            self._write_held()
         self._head = None  # (fn may write)
+        self._next = None
         self._wrote = True
         return self._now(fn)
 
@@ -207,6 +235,12 @@ class _SQLiteAuthority(Authority):
         """
         if self.committed:
             return
+        if self._held:
+            try:
+                self._write_held()
+            except BaseException:
+                self.rollback()
+                raise
         estimate = self._j.sync_estimate
         durable = self._wrote and self._durable
         checkpoint = self._wrote and estimate.commit_checkpoints()
@@ -227,6 +261,7 @@ class _SQLiteAuthority(Authority):
 
     def rollback(self) -> None:
         """Roll back what the transaction wrote (on the loop thread: nothing is synced)."""
+        self._held = []
         db = self._conn.db
         if not self.committed and db.in_transaction:
             try:
