@@ -118,6 +118,26 @@ class _Txn:
         self.writes: _List[_Waiting | None] = []
         self.pending = 0  # how many of the record's pending entries are among them
         self.unchanged: _List[tuple[_Waiting, int]] = []  # accepted, nothing to write
+        # a refused key's value at a version (writes that read together are refused together)
+        self.current: dict[tuple[str, str], tuple[int, Any]] = {}
+
+
+_SCALARS = (str, int, float, bool, bytes)  # values two refusals may share (immutable)
+
+
+def _current(txn: _Txn, w: _Waiting, version: int | None) -> Any:
+    """The value of ``w``'s key at ``version`` for its refusal: read once per group (a
+    read costs more than the rest of a refusal) while it is immutable."""
+    if version is None:  # (not journaled yet: no name to share it by)
+        return w.current()
+    where = (w.name, w.key)
+    seen = txn.current.get(where)
+    if seen is not None and seen[0] == version:
+        return seen[1]
+    value = w.current()
+    if value is None or type(value) in _SCALARS:
+        txn.current[where] = (version, value)
+    return value
 
 
 def _task_id() -> int:
@@ -231,11 +251,13 @@ class GuardedGroups(WritePipeline):
         queue = self._guard_queue
         txn = _Txn()
         taken: _List[_Waiting] = []
+        lock = self._commit_lock
+        try:  # (free: taken without a checkpoint, as the authority's own lock is)
+            lock.acquire_nowait()
+        except anyio.WouldBlock:
+            await lock.acquire()
         try:
-            async with (
-                self._commit_lock,
-                self._backend.authority(self.tenant, self._jrun, durable=True) as auth,
-            ):
+            async with self._backend.authority(self.tenant, self._jrun, durable=True) as auth:
                 # what others journaled is taken in before our own writes are appended: see
                 # test_guarded_rollback (a position must never pass an entry not there)
                 rows = await auth.read(self.applied_seq)
@@ -295,6 +317,8 @@ class GuardedGroups(WritePipeline):
                 if not w.done:
                     w.settle(error=exc)
             raise
+        finally:
+            lock.release()
         self._inflight.clear()
         self._committed_group(txn)
 
@@ -380,7 +404,7 @@ class GuardedGroups(WritePipeline):
         try:
             version = self.version(w.name, w.key)
             if w.expected is not None and version != w.expected:
-                raise StaleVersion(w.name, w.key, w.expected, version, w.current())
+                raise StaleVersion(w.name, w.key, w.expected, version, _current(txn, w, version))
             based_on = w.based_on
             if based_on is not None:
                 now_seq = self._scope_seq(based_on.scope, txn.entries, txn.seqs)
