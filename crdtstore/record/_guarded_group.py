@@ -6,17 +6,16 @@ it opens the store's authority (SQLite: one ``BEGIN IMMEDIATE`` transaction), ap
 others journaled, and decides the waiting writes one by one in the order they came, each
 against the version it names (``expected_version``, ``based_on``, a fence) as it stands
 after the writes decided before it. A refused write is told at once, with the true current
-version (:class:`~crdtstore.StaleVersion`), and blocks none of the others; an accepted one
-is applied and appended. Writes that come while the group decides (a refused writer that
-reads again and retries) are decided in the same transaction, for a few rounds. The group
-then commits once (SQLite: one sync of the log, the one worker-thread hop) and the accepted
-writes return their journal positions; so the cost of a transaction is shared by every
-write that waited for it.
+version (:class:`~crdtstore.StaleVersion`), and blocks none of the others. When more than
+one writer is about, the group then yields with its transaction open (a *window*): a write
+that comes meanwhile (a refused writer's retry, the next read-increment-write of a writer
+whose write was accepted: it read the version that write will have) is decided at once in
+its own task (:meth:`GuardedGroups._join_window`), so one commit takes a chain of them. The
+group commits once (SQLite: one sync of the log) when a window passes with no one coming.
 
-Within the transaction an accepted write's position is known before the commit: the record's
-:meth:`~._changes.Changes.version` names it (``_inflight``), so a write that read the key
-after it names the version it will have. If the commit fails, every write of the group gets
-the error, and what they applied to the document is journaled by the committer later (pycrdt
+An accepted write's position is known before the commit (``_inflight``, read by
+:meth:`~._changes.Changes.version`). If the commit fails, every write of the group gets the
+error, and what they applied to the document is journaled by the committer later (pycrdt
 has no rollback), as a guarded write whose append fails always was.
 """
 

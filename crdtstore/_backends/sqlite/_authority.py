@@ -6,18 +6,17 @@ else writes in between.
 It runs on the event loop thread, as the loop connection's appends do (``_inline``):
 busy timeout 0, and a ``BEGIN`` that finds the write lock taken is tried again in short steps
 (``RETRY_FIRST`` doubling to ``RETRY_MAX``, for at most ``BUSY_TIMEOUT`` seconds) instead of
-blocking the loop. The statements of a guarded write take tens of microseconds, less than a
-hop to a worker thread, which costs hundreds on a loaded machine. The run's head is read with
-the ``BEGIN``: a read past it is answered at once.
+blocking the loop (statements of tens of microseconds, less than a hop to a worker thread).
+The run's head is read with the ``BEGIN``: a read past it is answered at once, and appends
+get their positions from it and are written together before a read or the commit.
 
 A durable commit syncs the log. It runs on the loop thread too while the syncs measured lately
 (:class:`SyncEstimate`) took less than :data:`INLINE_SYNC`, less than the hop would add; once
 they are slower (a busy disk) it goes to a worker thread, and the loop never waits for a slow
 sync. The connection never checkpoints on commit; every :data:`CHECKPOINT_EVERY` commits one
 checkpoint runs in a worker thread, so that the log is rewritten in place rather than grown.
-On asyncio that thread is the journal's own (:class:`_Worker`), handed the call through a
-queue and answering with ``call_soon_threadsafe``: a third of what ``anyio.to_thread`` costs
-in CPU per hop, which a commit on a slow disk pays every time.
+On asyncio that thread is the journal's own (:class:`_Worker`, answering with
+``call_soon_threadsafe``): a third of what ``anyio.to_thread`` costs in CPU per hop.
 """
 
 from __future__ import annotations
