@@ -50,6 +50,11 @@ WORKER_IDLE = 2.0  # seconds a journal's worker thread waits for work before it 
 INLINE_READ = 256  # an authority's read of at most this many rows runs on the loop thread
 INLINE_SYNC = 0.0005  # seconds: a durable commit measured faster than this runs on the loop
 CHECKPOINT_EVERY = 200  # commits that wrote between two checkpoints of the authority's log
+# the longest pause between two tries of a taken write lock: a timed sleep costs ~50 us of CPU
+# whatever its length (the timer's wake-up; asyncio sleeps at least 1 ms), more than a group
+# of guarded writes per try would save, so a waiter backs off further than an append does
+# (SQLite's own busy handler: 1 to 100 ms); the holder's group commits in a few ms
+LOCK_WAIT_LONGEST = 0.008
 
 log = logging.getLogger("crdtstore.sqlite")
 
@@ -133,7 +138,7 @@ class _SQLiteAuthority(Authority):
                     "sqlite", f"database is locked (a guarded write waited {busy_timeout:g} s)"
                 )
             await anyio.sleep(delay)
-            delay = min(delay * 2, retry_max)
+            delay = min(delay * 2, max(retry_max, LOCK_WAIT_LONGEST))
 
     def _now(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """``fn(db)`` inside the transaction, on the loop thread."""
