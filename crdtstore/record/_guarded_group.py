@@ -265,8 +265,7 @@ class GuardedGroups(WritePipeline):
                 # from the first write applied on, the group is seen through: no cancellation
                 # between a write applied to the document and its journal entry
                 with anyio.CancelScope(shield=True):
-                    now = getattr(auth, "append_now", None)
-                    window = _Window(auth, now, txn, taken) if now is not None else None
+                    window: _Window | None = None  # (made when a group first waits)
                     crowd = self._guard_crowd > 1
                     rounds = 0
                     while rounds < GROUP_ROUNDS and self._txn_task is None:
@@ -285,6 +284,10 @@ class GuardedGroups(WritePipeline):
                         # until two rounds pass with no one (a writer woken with us may run
                         # after us: trio's order)
                         quiet = 0
+                        if window is None:
+                            now = getattr(auth, "append_now", None)
+                            if now is not None:
+                                window = _Window(auth, now, txn, taken)
                         while rounds < GROUP_ROUNDS and quiet < 2 and not queue:
                             rounds += 1
                             joined = 0 if window is None else window.joined
