@@ -14,13 +14,16 @@ value of its own (``NAME.writer.op.attempt``) to ``m[key]`` with ``expected_vers
 ``yields`` checkpoints come before the write. Then it prints every attempt, as
 ``[key, value, named, "ok"]`` or ``[key, value, named, "stale", current, current_value]``,
 waits for a ``sync`` line (every process is done), syncs and prints one JSON line: the
-attempts and the map as this record holds it (``"state"``).
+attempts, the map as this record holds it (``"state"``) and how many authority transactions
+the run's writes took (``"transactions"``).
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -34,6 +37,7 @@ async def run_schedule(
     store: crdtstore.Store, name: str, run: str, writers: list[list[list[Any]]]
 ) -> dict[str, Any]:
     attempts: list[list[Any]] = []
+    transactions = count_transactions(store)
     async with store.open_record(run=run, agent=name, source="tool") as rec:
         m = rec.map("m")
         await rec.sync()
@@ -76,7 +80,24 @@ async def run_schedule(
         if line.strip() != "sync":
             raise SystemExit(f"expected 'sync', got {line!r}")
         await rec.sync()
-        return {"attempts": attempts, "state": m.to_dict()}
+        return {"attempts": attempts, "state": m.to_dict(), "transactions": transactions[0]}
+
+
+def count_transactions(store: crdtstore.Store) -> list[int]:
+    """Count the authority transactions the store's journal opens from now on."""
+    backend = store.backend
+    authority = getattr(backend, "_counted_authority", backend.authority)
+    backend._counted_authority = authority  # type: ignore[attr-defined]
+    opened = [0]
+
+    @asynccontextmanager
+    async def counted(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        opened[0] += 1
+        async with authority(*args, **kwargs) as auth:
+            yield auth
+
+    backend.authority = counted  # type: ignore[method-assign]
+    return opened
 
 
 async def main(url: str, name: str) -> None:

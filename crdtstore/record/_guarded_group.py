@@ -6,24 +6,24 @@ it opens the store's authority (SQLite: one ``BEGIN IMMEDIATE`` transaction), ap
 others journaled, and decides the waiting writes one by one in the order they came, each
 against the version it names (``expected_version``, ``based_on``, a fence) as it stands
 after the writes decided before it. A refused write is told at once, with the true current
-version (:class:`~crdtstore.StaleVersion`), and blocks none of the others; an accepted one
-is applied and appended. Writes that come while the group decides (a refused writer that
-reads again and retries) are decided in the same transaction, for a few rounds. The group
-then commits once (SQLite: one sync of the log, the one worker-thread hop) and the accepted
-writes return their journal positions; so the cost of a transaction is shared by every
-write that waited for it.
+version (:class:`~crdtstore.StaleVersion`), and blocks none of the others. When more than
+one writer is about, the group then yields with its transaction open (a *window*): a write
+that comes meanwhile (a refused writer's retry, the next read-increment-write of a writer
+whose write was accepted: it read the version that write will have) is decided at once in
+its own task (:meth:`GuardedGroups._join_window`), so one commit takes a chain of them. The
+group commits once (SQLite: one sync of the log) when a window passes with no one coming.
 
-Within the transaction an accepted write's position is known before the commit: the record's
-:meth:`~._changes.Changes.version` names it (``_inflight``), so a write that read the key
-after it names the version it will have. If the commit fails, every write of the group gets
-the error, and what they applied to the document is journaled by the committer later (pycrdt
+An accepted write's position is known before the commit (``_inflight``, read by
+:meth:`~._changes.Changes.version`). If the commit fails, every write of the group gets the
+error, and what they applied to the document is journaled by the committer later (pycrdt
 has no rollback), as a guarded write whose append fails always was.
 """
 
 from __future__ import annotations
 
+import asyncio
 from builtins import list as _List
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from time import time as _time
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +31,7 @@ import anyio
 import anyio.lowlevel
 
 from .._errors import StaleVersion
-from .._journal import Authority, Op
+from .._journal import Authority, NewEntry, Op
 from .._models import Version
 from ._pipeline import WritePipeline
 from ._provenance import Meta
@@ -117,10 +117,63 @@ class _Txn:
         self.writes: _List[_Waiting | None] = []
         self.pending = 0  # how many of the record's pending entries are among them
         self.unchanged: _List[tuple[_Waiting, int]] = []  # accepted, nothing to write
+        # a refused key's value at a version (writes that read together are refused together)
+        self.current: dict[tuple[str, str], tuple[int, Any]] = {}
+
+
+_SCALARS = (str, int, float, bool, bytes)  # values two refusals may share (immutable)
+
+
+def _current(txn: _Txn, w: _Waiting, version: int | None) -> Any:
+    """The value of ``w``'s key at ``version`` for its refusal: read once per group (a
+    read costs more than the rest of a refusal) while it is immutable."""
+    if version is None:  # (not journaled yet: no name to share it by)
+        return w.current()
+    where = (w.name, w.key)
+    seen = txn.current.get(where)
+    if seen is not None and seen[0] == version:
+        return seen[1]
+    value = w.current()
+    if value is None or type(value) in _SCALARS:
+        txn.current[where] = (version, value)
+    return value
+
+
+def _task_id() -> int:
+    """The current task's id (asyncio's own call: a fifth of what anyio's costs)."""
+    try:
+        return id(asyncio.current_task())
+    except RuntimeError:  # not asyncio
+        return anyio.get_current_task().id
+
+
+class _Window:
+    """An open group a guarded write may join at once (see :meth:`GuardedGroups._join_window`):
+    its transaction, the authority's synchronous append, and the writes it took."""
+
+    __slots__ = ("auth", "failed", "joined", "now", "taken", "txn")
+
+    def __init__(
+        self,
+        auth: Authority,
+        now: Callable[[Sequence[NewEntry]], _List[int]],
+        txn: _Txn,
+        taken: _List[_Waiting],
+    ) -> None:
+        self.auth = auth
+        self.now = now
+        self.txn = txn
+        self.taken = taken
+        self.joined = 0
+        self.failed: BaseException | None = None  # a joiner's append failed
 
 
 class GuardedGroups(WritePipeline):
     """The grouped decision of a record's guarded writes (see the module docstring)."""
+
+    _guard_window: _Window | None = None  # the group under way, while writers may join it
+    _guard_crowd = 0  # writes the last group decided (more than one: wait for joiners)
+    _guard_writer = 0  # the task that queued the last guarded write (its id)
 
     async def _write_grouped(
         self,
@@ -138,6 +191,13 @@ class GuardedGroups(WritePipeline):
         w = _Waiting(
             name, key, expected, ops, apply, current, based_on, fence, self._new_meta(_time())
         )
+        window = self._guard_window
+        if window is not None and fence is None and self._txn_task is None:
+            return await self._join_window(window, w)
+        me = _task_id()
+        if me != self._guard_writer:  # another writer than the last: more may come
+            self._guard_writer = me
+            self._guard_crowd = 2
         self._guard_queue.append(w)
         if self._guard_leading:
             w.event = anyio.Event()
@@ -190,11 +250,13 @@ class GuardedGroups(WritePipeline):
         queue = self._guard_queue
         txn = _Txn()
         taken: _List[_Waiting] = []
+        lock = self._commit_lock
+        try:  # (free: taken without a checkpoint, as the authority's own lock is)
+            lock.acquire_nowait()
+        except anyio.WouldBlock:
+            await lock.acquire()
         try:
-            async with (
-                self._commit_lock,
-                self._backend.authority(self.tenant, self._jrun, durable=True) as auth,
-            ):
+            async with self._backend.authority(self.tenant, self._jrun, durable=True) as auth:
                 # what others journaled is taken in before our own writes are appended: see
                 # test_guarded_rollback (a position must never pass an entry not there)
                 rows = await auth.read(self.applied_seq)
@@ -203,9 +265,10 @@ class GuardedGroups(WritePipeline):
                 # from the first write applied on, the group is seen through: no cancellation
                 # between a write applied to the document and its journal entry
                 with anyio.CancelScope(shield=True):
-                    for _ in range(GROUP_ROUNDS):
-                        if not queue or self._txn_task is not None:
-                            break
+                    window: _Window | None = None  # (made when a group first waits)
+                    crowd = self._guard_crowd > 1
+                    rounds = 0
+                    while rounds < GROUP_ROUNDS and self._txn_task is None:
                         batch = [w for w in queue if not w.done]
                         queue.clear()
                         taken += batch
@@ -214,10 +277,35 @@ class GuardedGroups(WritePipeline):
                             await self._append_pending(auth, txn)
                             if not await self._decide(auth, txn, w):
                                 refused = True
-                        if not refused:
+                        if not (refused or crowd or queue):
                             break
-                        # the refused writers read again and retry: into this transaction
-                        await anyio.lowlevel.checkpoint()
+                        # the refused writers read again and retry, and writers that come
+                        # now (a success's next read) decide at once: into this transaction;
+                        # until two rounds pass with no one (a writer woken with us may run
+                        # after us: trio's order)
+                        quiet = 0
+                        if window is None:
+                            now = getattr(auth, "append_now", None)
+                            if now is not None:
+                                window = _Window(auth, now, txn, taken)
+                        while rounds < GROUP_ROUNDS and quiet < 2 and not queue:
+                            rounds += 1
+                            joined = 0 if window is None else window.joined
+                            self._guard_window = window
+                            try:
+                                await anyio.lowlevel.checkpoint()
+                            finally:
+                                self._guard_window = None
+                            if window is not None and window.failed is not None:
+                                raise window.failed
+                            if window is None:  # (no one can join: the queue is all)
+                                quiet = 2
+                            else:
+                                quiet = 0 if window.joined > joined else quiet + 1
+                        if not queue:
+                            break
+                        crowd = False
+                    self._guard_crowd = len(taken)
                     if txn.pending == len(txn.entries) and not txn.unchanged:
                         raise _NothingAccepted  # every write refused: the append is undone
                     await self._append_pending(auth, txn)  # plain writes made meanwhile
@@ -231,8 +319,45 @@ class GuardedGroups(WritePipeline):
                 if not w.done:
                     w.settle(error=exc)
             raise
+        finally:
+            lock.release()
         self._inflight.clear()
         self._committed_group(txn)
+
+    async def _join_window(self, window: _Window, w: _Waiting) -> int:
+        """Decide ``w`` at once in the group under way (the writer read the state that group
+        has reached, with nothing in between: a success's next read-increment-write chains
+        on it in the same transaction), then wait for the group's commit."""
+        window.taken.append(w)
+        window.joined += 1
+        self._append_pending_now(window)
+        made = self._made(window.txn, w)
+        if made is not None:
+            update, version = made
+            if update is None:
+                window.txn.unchanged.append((w, version))
+            else:
+                entry = (update, w.ops, w.meta)
+                try:
+                    (seq,) = window.now(self._entries([entry]))
+                except BaseException as exc:  # in the document: the committer journals it
+                    self._enqueue(update, w.ops, w.meta)
+                    window.failed = exc  # and the group fails (see _decide_group)
+                    w.settle(error=exc)
+                else:
+                    self._took(window.txn, w, entry, seq)
+        if not w.done:
+            w.event = anyio.Event()
+            await w.event.wait()  # (cancelled: the group decides it all the same)
+        return w.outcome()
+
+    def _append_pending_now(self, window: _Window) -> None:
+        """:meth:`_append_pending` with the authority's synchronous append."""
+        txn = window.txn
+        pending = self._pending
+        if len(pending) > txn.pending:
+            new = list(pending)[txn.pending :]
+            self._took_pending(txn, new, window.now(self._entries(new)))
 
     async def _append_pending(self, auth: Authority, txn: _Txn) -> None:
         """Append the record's own entries made since the group's last append (plain writes,
@@ -241,7 +366,9 @@ class GuardedGroups(WritePipeline):
         if len(pending) <= txn.pending:
             return
         new = list(pending)[txn.pending :]
-        seqs = await auth.append(self._entries(new))
+        self._took_pending(txn, new, await auth.append(self._entries(new)))
+
+    def _took_pending(self, txn: _Txn, new: _List[_Entry], seqs: _List[int]) -> None:
         txn.pending += len(new)
         inflight = self._inflight
         for entry, seq in zip(new, seqs, strict=True):
@@ -253,13 +380,33 @@ class GuardedGroups(WritePipeline):
     async def _decide(self, auth: Authority, txn: _Txn, w: _Waiting) -> bool:
         """Decide one write against the state the transaction has reached: refuse it (told at
         once; False), or apply and append it (True)."""
+        if w.fence is not None:
+            try:
+                await self._check_fence(auth, *w.fence)
+            except Exception as exc:
+                w.settle(error=exc)
+                return False
+        made = self._made(txn, w)
+        if made is None:
+            return False
+        update, version = made
+        if update is None:  # it changes nothing: only the guard was checked
+            txn.unchanged.append((w, version))
+            return True
+        entry = (update, w.ops, w.meta)
+        (seq,) = await auth.append(self._entries([entry]))
+        self._took(txn, w, entry, seq)
+        return True
+
+    def _made(self, txn: _Txn, w: _Waiting) -> tuple[bytes | None, int] | None:
+        """Check ``w``'s guard against the state the transaction has reached and apply it: its
+        update (None: it changes nothing) and the version it was decided on; or None, and
+        ``w`` refused (settled with its error)."""
         usage = None
         try:
-            if w.fence is not None:
-                await self._check_fence(auth, *w.fence)
             version = self.version(w.name, w.key)
             if w.expected is not None and version != w.expected:
-                raise StaleVersion(w.name, w.key, w.expected, version, w.current())
+                raise StaleVersion(w.name, w.key, w.expected, version, _current(txn, w, version))
             based_on = w.based_on
             if based_on is not None:
                 now_seq = self._scope_seq(based_on.scope, txn.entries, txn.seqs)
@@ -285,17 +432,14 @@ class GuardedGroups(WritePipeline):
                 self._account(usage)
         except Exception as exc:
             w.settle(error=exc)
-            return False
-        if update is None:  # it changes nothing: only the guard was checked
-            txn.unchanged.append((w, version or 0))
-            return True
-        entry = (update, w.ops, w.meta)
-        (seq,) = await auth.append(self._entries([entry]))
+            return None
+        return update, version or 0
+
+    def _took(self, txn: _Txn, w: _Waiting, entry: _Entry, seq: int) -> None:
         self._inflight[id(w.meta)] = seq
         txn.entries.append(entry)
         txn.seqs.append(seq)
         txn.writes.append(w)
-        return True
 
     def _requeue(self, txn: _Txn) -> None:
         """The group failed: nothing of it was journaled. Queue its accepted writes (they are

@@ -169,3 +169,77 @@ async def test_a_group_that_accepts_nothing_changes_nothing(url: str) -> None:
         assert outcomes == [head, head, head]
         assert (await store.run_info("r")).head == head
         assert m.get_versioned("k") == (1, head)
+
+
+async def test_a_success_s_next_write_chains_on_it_in_the_same_transaction(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eight writers each read-increment-write one counter five times, reading again after
+    a success or a refusal (as an agent loop does): a writer's next read sees the version
+    its own (or another's) accepted write will have, and its write joins the transaction
+    under way at once, decided on that version. So a commit takes a chain of increments,
+    and refusals are rare (without it: about one transaction per increment, and a refusal
+    for each writer that read with another)."""
+    async with (
+        crdtstore.open_store(f"sqlite:///{tmp_path}/s.db") as store,
+        store.open_record("r", "a") as rec,
+    ):
+        m = rec.map("m")
+        await m.set("n", 0, expected_version=0)
+        opened = count_transactions(store, monkeypatch)
+        refused = [0]
+
+        async def increments() -> None:
+            done = 0
+            while done < 5:
+                value, version = m.get_versioned("n")
+                try:
+                    await m.set("n", int(value) + 1, expected_version=version)
+                except StaleVersion:
+                    refused[0] += 1
+                    continue
+                done += 1
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(8):
+                tg.start_soon(increments)
+        assert m.get("n") == 40
+        journal = await rec.journal()
+        assert [e.effect[0][4] for e in journal] == list(range(41))  # each on the one before
+        assert opened[0] <= 40 // 3, opened[0]  # chains of increments per commit
+        assert refused[0] <= 16, refused[0]
+
+
+async def test_a_group_s_appends_are_written_in_one_statement_set(tmp_path: Path) -> None:
+    """On SQLite the appends of a group are held back and written together before the
+    commit, at the positions they were given: one head update for the group's writes."""
+    async with (
+        crdtstore.open_store(f"sqlite:///{tmp_path}/s.db") as store,
+        store.open_record("r", "a") as rec,
+    ):
+        m = rec.map("m")
+        await m.set("n", 0, expected_version=0)
+        statements: list[str] = []
+        store.backend._a.db.set_trace_callback(statements.append)  # type: ignore[attr-defined]
+
+        async def increments() -> None:
+            for _ in range(3):
+                while True:
+                    value, version = m.get_versioned("n")
+                    try:
+                        await m.set("n", int(value) + 1, expected_version=version)
+                        break
+                    except StaleVersion:
+                        continue
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(8):
+                tg.start_soon(increments)
+        commits = sum(s == "COMMIT" for s in statements)
+        heads = sum(s.startswith("UPDATE runs SET head") for s in statements)
+        assert heads == commits < 24, (heads, commits)
+        journal = await rec.journal()
+        assert [(e.seq, e.effect[0][4]) for e in journal] == [
+            (s, i) for i, s in enumerate(sorted(e.seq for e in journal))
+        ]
+        assert m.get_versioned("n") == (24, journal[-1].seq)

@@ -6,18 +6,17 @@ else writes in between.
 It runs on the event loop thread, as the loop connection's appends do (``_inline``):
 busy timeout 0, and a ``BEGIN`` that finds the write lock taken is tried again in short steps
 (``RETRY_FIRST`` doubling to ``RETRY_MAX``, for at most ``BUSY_TIMEOUT`` seconds) instead of
-blocking the loop. The statements of a guarded write take tens of microseconds, less than a
-hop to a worker thread, which costs hundreds on a loaded machine. The run's head is read with
-the ``BEGIN``: a read past it is answered at once.
+blocking the loop (statements of tens of microseconds, less than a hop to a worker thread).
+The run's head is read with the ``BEGIN``: a read past it is answered at once, and appends
+get their positions from it and are written together before a read or the commit.
 
 A durable commit syncs the log. It runs on the loop thread too while the syncs measured lately
 (:class:`SyncEstimate`) took less than :data:`INLINE_SYNC`, less than the hop would add; once
 they are slower (a busy disk) it goes to a worker thread, and the loop never waits for a slow
 sync. The connection never checkpoints on commit; every :data:`CHECKPOINT_EVERY` commits one
 checkpoint runs in a worker thread, so that the log is rewritten in place rather than grown.
-On asyncio that thread is the journal's own (:class:`_Worker`), handed the call through a
-queue and answering with ``call_soon_threadsafe``: a third of what ``anyio.to_thread`` costs
-in CPU per hop, which a commit on a slow disk pays every time.
+On asyncio that thread is the journal's own (:class:`_Worker`, answering with
+``call_soon_threadsafe``): a third of what ``anyio.to_thread`` costs in CPU per hop.
 """
 
 from __future__ import annotations
@@ -51,6 +50,11 @@ WORKER_IDLE = 2.0  # seconds a journal's worker thread waits for work before it 
 INLINE_READ = 256  # an authority's read of at most this many rows runs on the loop thread
 INLINE_SYNC = 0.0005  # seconds: a durable commit measured faster than this runs on the loop
 CHECKPOINT_EVERY = 200  # commits that wrote between two checkpoints of the authority's log
+# the longest pause between two tries of a taken write lock: a timed sleep costs ~50 us of CPU
+# whatever its length (the timer's wake-up; asyncio sleeps at least 1 ms), more than a group
+# of guarded writes per try would save, so a waiter backs off further than an append does
+# (SQLite's own busy handler: 1 to 100 ms); the holder's group commits in a few ms
+LOCK_WAIT_LONGEST = 0.008
 
 log = logging.getLogger("crdtstore.sqlite")
 
@@ -82,6 +86,10 @@ class _SQLiteAuthority(Authority):
         self.committed = False  # append_last committed: leaving the context only ends it
         self._head = head  # the run's head while nothing was appended here (None: unknown)
         self._wrote = False  # something was appended or run_sync ran (the commit may sync)
+        # appends are held back and written in one statement set before anything reads or
+        # commits (the positions are known: no one else appends while the lock is held)
+        self._next: int | None = None  # the next entry's position (None: write at once)
+        self._held: list[NewEntry] = []
 
     @classmethod
     async def begin(
@@ -114,9 +122,12 @@ class _SQLiteAuthority(Authority):
                     db.execute(f"PRAGMA synchronous={want}")
                     conn.synchronous = want
                 db.execute("BEGIN IMMEDIATE")
-                row = db.execute("SELECT head FROM runs WHERE id = ?", (rid,)).fetchone()
+                row = db.execute("SELECT head, state FROM runs WHERE id = ?", (rid,)).fetchone()
                 head = None if row is None else int(row[0])
-                return cls(journal, conn, tenant, run, rid, head, durable)
+                auth = cls(journal, conn, tenant, run, rid, head, durable)
+                if head is not None and row[1] == "open":
+                    auth._next = head + 1
+                return auth
             except sqlite3.Error as exc:
                 if db.in_transaction:
                     db.execute("ROLLBACK")
@@ -127,7 +138,7 @@ class _SQLiteAuthority(Authority):
                     "sqlite", f"database is locked (a guarded write waited {busy_timeout:g} s)"
                 )
             await anyio.sleep(delay)
-            delay = min(delay * 2, retry_max)
+            delay = min(delay * 2, max(retry_max, LOCK_WAIT_LONGEST))
 
     def _now(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """``fn(db)`` inside the transaction, on the loop thread."""
@@ -159,6 +170,8 @@ class _SQLiteAuthority(Authority):
         return out
 
     async def read(self, after: int) -> list[Row]:
+        if self._held:
+            self._write_held()
         head = self._head
         if head is not None and after >= head:
             return []  # nothing past the head, which no one else can move now
@@ -175,15 +188,36 @@ class _SQLiteAuthority(Authority):
         return _rows(await self._in_thread(fetch))
 
     async def append(self, entries: Sequence[NewEntry]) -> list[int]:
+        return self.append_now(entries)
+
+    def append_now(self, entries: Sequence[NewEntry]) -> list[int]:
+        """:meth:`append`, synchronous (it runs on the loop thread): a guarded write that
+        joins a group under way appends in its own task, with no await in between. Held
+        back until the transaction reads or commits (one statement set for a group)."""
         if not entries:
             return []
-        effects = [_dumps(e.effect) for e in entries]
+        first = self._next
         self._head = None
         self._wrote = True
+        if first is not None:
+            self._held += entries
+            self._next = first + len(entries)
+            return list(range(first, first + len(entries)))
+        return self._append(entries)
+
+    def _append(self, entries: Sequence[NewEntry]) -> list[int]:
+        effects = [_dumps(e.effect) for e in entries]
         try:  # (what _now does, without a closure: once per guarded write)
             return _append_tx(self._conn.db, self._tenant, self._run, self._rid, entries, effects)
         except sqlite3.Error as exc:
             raise _translated(exc) from exc
+
+    def _write_held(self) -> None:
+        """Write the appends held back, at the positions they were given."""
+        held, self._held = self._held, []
+        seqs = self._append(held)
+        if self._next is None or seqs[-1] != self._next - 1:  # (the lock says it cannot)
+            raise BackendError("sqlite", f"the run's head moved under the write lock: {seqs}")
 
     async def append_last(self, entries: Sequence[NewEntry]) -> list[int]:
         seqs = await self.append(entries)
@@ -192,7 +226,10 @@ class _SQLiteAuthority(Authority):
         return seqs
 
     async def run_sync(self, fn: Callable[[Any], T]) -> T:
+        if self._held:
+            self._write_held()
         self._head = None  # (fn may write)
+        self._next = None
         self._wrote = True
         return self._now(fn)
 
@@ -202,6 +239,12 @@ class _SQLiteAuthority(Authority):
         """
         if self.committed:
             return
+        if self._held:
+            try:
+                self._write_held()
+            except BaseException:
+                self.rollback()
+                raise
         estimate = self._j.sync_estimate
         durable = self._wrote and self._durable
         checkpoint = self._wrote and estimate.commit_checkpoints()
@@ -222,6 +265,7 @@ class _SQLiteAuthority(Authority):
 
     def rollback(self) -> None:
         """Roll back what the transaction wrote (on the loop thread: nothing is synced)."""
+        self._held = []
         db = self._conn.db
         if not self.committed and db.in_transaction:
             try:
