@@ -21,9 +21,10 @@ ws:// writer: how many appends its record sent, and their median wall time (send
 ``--flush-each`` makes every write one append (the writer flushes after each), so that CPU
 per write is CPU per append whatever the load does to the batching.
 
-``--profile DIR`` runs the hub and the ws:// writer under cProfile (``DIR/hub.prof``,
-``DIR/writer-<trial>.prof``) and prints where their time per update went, by part
-(JSON and base64, pydantic, websockets, the event loop, pycrdt, SQLite, crdtstore's own code).
+``--profile DIR`` runs the hub, the ws:// writer and its first reader under cProfile
+(``DIR/hub.prof``, ``DIR/writer-<trial>.prof``, ``DIR/reader-<trial>.prof``) and prints
+where their time per update went, by part (JSON and base64, pydantic, websockets, the event
+loop, pycrdt, SQLite, crdtstore's own code).
 
 Baselines in the same run, same pacing and counts:
 
@@ -151,6 +152,12 @@ def agent(
             seen = 0
             stream = rec.changes(local=False, buffer=100_000)
             _line("READY")
+            prof = None
+            if profile:
+                import cProfile
+
+                prof = cProfile.Profile(time.process_time)
+                prof.enable()
             cpu0 = time.process_time()
             with anyio.move_on_after(n / rate + 60):
                 async for change in stream:
@@ -164,6 +171,9 @@ def agent(
                     if seen >= n:
                         break
             cpu = time.process_time() - cpu0
+            if prof is not None:
+                prof.disable()
+                prof.dump_stats(str(profile))
             return {"arrivals": arrivals, "lost": stream.lost, "cpu": cpu}
 
     _line("RESULT " + json.dumps(anyio.run(main)))
@@ -446,8 +456,11 @@ def trial(
             )
             procs.append(writer)
             readline(writer, "READY")  # the run exists now
+            # (the first reader is profiled with the writer)
+            rprof = ["--profile", str(profile / f"reader-{run}.prof")] if prof else []
+            rargs = [[*common, *(rprof if i == 0 else [])] for i in range(readers)]
             rs = [
-                spawn([me, "--agent", "reader", "--token", tok(f"r{i}", "ro"), *common])
+                spawn([me, "--agent", "reader", "--token", tok(f"r{i}", "ro"), *rargs[i]])
                 for i in range(readers)
             ]
             procs += rs
@@ -572,6 +585,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             hub.stop()
         if profile is not None:
+            for path in sorted(profile.glob("reader-*.prof")):
+                profile_report(path, n)
             for path in sorted(profile.glob("writer-*.prof")):
                 profile_report(path, n)
             for path in sorted(profile.glob("hub-*.prof")):
