@@ -37,9 +37,9 @@ from crdtstore.backend import Row, error_from_dict
 
 from ._document import PycrdtDocument
 from ._errors import CloseCode, ProtocolError
-from ._frames import decode_head_push
+from ._frames import Append, AppendEntry, decode_head_push
 from ._lease_rpc import error_from_info
-from ._messages import DEFAULT_MAX_MESSAGE_SIZE, Push, Response, decode_state_vector
+from ._messages import DEFAULT_MAX_MESSAGE_SIZE, Push, Response, decode_state_vector, encode
 from ._redact_rpc import forget_redacted
 from ._rows import _b64, _row
 from ._session import ClientSession
@@ -76,6 +76,31 @@ class _Waiter:
     def __init__(self) -> None:
         self.event = anyio.Event()
         self.response: Response | None = None
+
+
+class _LinkSession(ClientSession):
+    """The client session of a link, which also sends append frames."""
+
+    def append_request(
+        self, entries: tuple[AppendEntry, ...], durable: bool
+    ) -> tuple[Append, bytes]:
+        """:meth:`request` of ``journal.append`` as an append frame: the request (pending
+        under a fresh id, as ``request`` leaves it) and its frame, without the JSON request
+        that ``request`` would build (on the path of every write).
+
+        Raises:
+            ProtocolError: as :meth:`request`, or an entry that cannot be encoded.
+        """
+        if len(self._pending) >= self.max_pending_requests:
+            raise ProtocolError(
+                f"more than {self.max_pending_requests} requests in flight",
+                CloseCode.TOO_MANY_REQUESTS,
+            )
+        request = Append.of(self._next_id, entries, durable)
+        frame = encode(request)
+        self._next_id += 1
+        self._pending[request.id] = request
+        return request, frame
 
 
 class _Link:
@@ -126,7 +151,7 @@ class _Link:
         self.hub = journal.base  # the hub this run connects to (moves: see serve)
         self.url = journal.hub_url(run, self.hub, create)
         self.ws: Any = None
-        self.session: ClientSession | None = None
+        self.session: _LinkSession | None = None
         self.up = anyio.Event()  # set while connected; replaced when the connection drops
         self.changed = anyio.Event()  # fired on every connect, drop and final refusal
         self.final: CrdtStoreError | None = None
@@ -230,7 +255,7 @@ class _Link:
             await anyio.sleep(backoff)
 
     async def _session(self, ws: Any) -> None:
-        self.session = ClientSession(PycrdtDocument(Doc()))
+        self.session = _LinkSession(PycrdtDocument(Doc()))
         self.ws = ws
         self.synced = False
         self.exchanging = True
