@@ -88,10 +88,16 @@ def agent(
     rate: float,
     profile: str | None = None,
     flush_each: bool = False,
+    stages: str | None = None,
 ) -> None:
     """A writer or a reader (see the module docstring); protocol on stdout/stdin: ``READY``,
-    (writer) ``GO`` read, then ``RESULT {json}``. ``profile``: the writer's write loop runs
-    under cProfile, dumped there; ``flush_each``: the writer flushes after every write."""
+    (writer) ``GO`` read, then ``RESULT {json}``. ``profile``: the writer's write loop (a
+    reader's receive loop) runs under cProfile, dumped there; ``flush_each``: the writer
+    flushes after every write; ``stages``: log its stages there (``_ws_stages``)."""
+    if stages:
+        import _ws_stages
+
+        _ws_stages.install(role, stages)
     import anyio
     import anyio.to_thread
 
@@ -298,6 +304,9 @@ def end(*_):
     held[1] += 1
     held[0].dump_stats({out!r} + str(held[1]) + ".prof")
 sys.argv[0] = "sync"
+if {stages!r}:
+    import _ws_stages
+    _ws_stages.install("hub", {stages!r})
 signal.signal(signal.SIGUSR1, start)
 signal.signal(signal.SIGUSR2, end)
 try:
@@ -310,14 +319,19 @@ except SystemExit:
 class Hub:
     """``python -m sync`` on a SQLite store, in a process of its own."""
 
-    def __init__(self, store: str, secret: str, profile: Path | None = None) -> None:
+    def __init__(
+        self, store: str, secret: str, profile: Path | None = None, stages: Path | None = None
+    ) -> None:
         self.secret = secret
         env = {**os.environ, "CRDTSTORE_SECRET": secret}
         argv = [sys.executable, "-m", "sync", "--store", store, "--host", "127.0.0.1"]
         self.profiled, self.dumps = profile, 0
         if profile is not None:  # CPU time, not wall time (an idle hub waits in epoll)
             self.profiled = profile.with_name("dump-hub")
-            argv[1:3] = ["-c", _PROFILED_HUB.format(out=str(self.profiled))]
+        if profile is not None or stages is not None:  # (a profile that never starts)
+            out = str(profile.with_name("dump-hub") if profile else "")
+            code = _PROFILED_HUB.format(out=out, stages=str(stages or ""))
+            argv[1:3] = ["-c", code]
         self.proc = subprocess.Popen(
             [*argv, "--port", "0"],
             stdin=subprocess.DEVNULL,
@@ -395,9 +409,11 @@ def trial(
     rate: float,
     profile: Path | None = None,
     flush_each: bool = False,
+    stages: Path | None = None,
 ) -> dict[str, Any]:
     """One writer and ``readers`` readers of ``kind`` on a fresh run: latencies in ms, CPU
-    per write in us (``profile``: a folder for the ws:// writer's profile)."""
+    per write in us (``profile``: a folder for the ws:// writer's profile; ``stages``: the
+    folder of the stage logs, see ``_ws_stages``)."""
     global _trials
     _trials += 1
     run = f"t{_trials}-{kind}-{readers}"
@@ -448,6 +464,9 @@ def trial(
             common = ["--n", str(n), "--rate", str(rate), "--run", run, "--url", url]
             if flush_each:
                 common.append("--flush-each")
+            if stages is not None and kind == "ws":
+                (stages / run).mkdir()
+                common += ["--stages-dir", str(stages / run)]
             prof = []
             if profile is not None and kind == "ws":
                 prof = ["--profile", str(profile / f"writer-{run}.prof")]
@@ -478,6 +497,10 @@ def trial(
             hub_cpu = hub.cpu() - hub0 if kind == "ws" else float("nan")
             arrivals = [r["arrivals"] for r in results]
             cpu = [r["cpu"] for r in results]
+        if stages is not None and kind == "ws":
+            import _ws_stages
+
+            _ws_stages.report(stages, run, sent, arrivals[0], SKIP)
         lat: list[float] = []
         missing = 0
         for arr in arrivals:
@@ -528,11 +551,17 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the writer flushes after every write: one append per write (CPU per append A/B)",
     )
+    ap.add_argument(
+        "--stages",
+        action="store_true",
+        help="log where each ws:// write's latency goes (slower: compare traced runs only)",
+    )
     # an agent process (internal)
     ap.add_argument("--agent", choices=("writer", "reader"), help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
     ap.add_argument("--run", help=argparse.SUPPRESS)
     ap.add_argument("--token", help=argparse.SUPPRESS)
+    ap.add_argument("--stages-dir", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     n = args.n or (200 if args.quick else 600)
     if args.wire:
@@ -541,7 +570,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.agent:
         agent(args.agent, args.url, args.run, None if args.token == "-" else args.token, n,
-              args.rate, args.profile, args.flush_each)  # fmt: skip
+              args.rate, args.profile, args.flush_each, args.stages_dir)  # fmt: skip
         return 0
     readers = [int(r) for r in args.readers.split(",")]
     kinds = [k for k in args.kinds.split(",") if k]
@@ -553,15 +582,19 @@ def main(argv: list[str] | None = None) -> int:
         if profile is not None:
             profile.mkdir(parents=True, exist_ok=True)
         hub_prof = None if profile is None else profile / "hub"
-        hub = Hub(f"sqlite:///{Path(tmp) / 'hub.db'}", secrets.token_hex(16), hub_prof)
+        stages = Path(tmp) / "stages" if args.stages else None
+        if stages is not None:
+            stages.mkdir()
+        hub = Hub(f"sqlite:///{Path(tmp) / 'hub.db'}", secrets.token_hex(16), hub_prof, stages)
         try:
             for rep in range(args.repeat):
                 for r in readers:
                     for kind in kinds:
                         sqlite_url = f"sqlite:///{Path(tmp) / f'direct{rep}-{r}.db'}"
                         res = trial(
-                            kind, hub, sqlite_url, r, n, args.rate, profile, args.flush_each
-                        )
+                            kind, hub, sqlite_url, r, n, args.rate, profile, args.flush_each,
+                            stages,
+                        )  # fmt: skip
                         by.setdefault((kind, r), []).append(res)
                         rows.append(
                             [
