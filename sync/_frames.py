@@ -17,6 +17,7 @@ A module of its own because it is a codec of its own, written over bytes rather 
 
 from __future__ import annotations
 
+import json
 from typing import Any, Final, NamedTuple
 
 import pydantic_core
@@ -34,6 +35,7 @@ __all__ = [
     "decode_append",
     "decode_appended",
     "decode_head_push",
+    "encode_head_push",
     "encode_append",
     "encode_appended",
 ]
@@ -234,3 +236,32 @@ def decode_head_push(frame: bytes) -> tuple[int, list[Any] | None] | None:
     if rows is not None and type(rows) is not list:
         return None
     return seq, rows
+
+
+# (the JSON of journal.read's rows as the hub's store keeps it; NaN and Infinity refused)
+_dumps: Final = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+
+
+def encode_head_push(seq: int, rows: list[Any] | None = None) -> bytes:
+    """The frame of ``Push(push="head", seq=seq, rows=rows)`` built without pydantic: the
+    hub sends one to every crdtstore connection of a run on every commit. ``rows``: JSON
+    values (the rows as ``journal.read`` gives them), as the :class:`~sync._requests.Push`
+    model takes them; :func:`sync._messages.decode` reads the frame as that push.
+
+    Raises:
+        ProtocolError: ``seq`` is not a safe int >= 0, or ``rows`` is not a list of JSON.
+    """
+    if type(seq) is not int or not 0 <= seq <= MAX_SAFE_INTEGER:
+        raise ProtocolError(f"a head push's seq is a safe int >= 0, not {seq!r}")
+    if rows is not None and type(rows) is not list:
+        raise ProtocolError(f"a head push's rows are a list, not {type(rows).__name__}")
+    body = {"push": "head", "seq": seq} if rows is None else {"push": "head", "seq": seq,
+                                                              "rows": rows}  # fmt: skip
+    try:
+        text = _dumps(body).encode()
+    except (TypeError, ValueError) as exc:  # not JSON, NaN, a cycle; lone surrogates
+        raise ProtocolError(f"cannot encode a head push: {exc}") from None
+    buf = bytearray(b"\x64\x02")  # varUint(100) • varUint(PUSH) • varString(JSON)
+    _var_uint(buf, len(text))
+    buf += text
+    return bytes(buf)

@@ -3,7 +3,8 @@
 
 - Hypothesis: a head push read without pydantic gives what :func:`sync.decode` gives, and a
   frame it takes (any JSON object, well formed or not) is one that ``decode`` reads as that
-  head push: it never accepts what the :class:`~sync.Push` model refuses.
+  head push: it never accepts what the :class:`~sync.Push` model refuses; one built without
+  pydantic (``encode_head_push``, for the hub) is read by ``decode`` as the same push.
 - Through a real hub: a reader's record applies pushed entries from the push itself (the
   store's notifier calls ``WsJournal.kept`` while the record's tail waits), in journal order,
   without a ``journal.read`` request.
@@ -20,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sync import ProtocolError, Push, decode, encode
-from sync._frames import decode_head_push
+from sync._frames import decode_head_push, encode_head_push
 from tests.network.test_sync_client import FAST, RUN, running_hub, token, until
 from tests.network.test_sync_push import reader
 from tests.strategies import json_values
@@ -47,6 +48,35 @@ def test_a_head_push_reads_as_decode_reads_it(seq: int, rows: list[Any] | None) 
     message = decode(frame)
     assert isinstance(message, Push)
     assert decode_head_push(frame) == (message.seq, message.rows) == (seq, rows)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(0, 2**53 - 1),
+    st.none() | st.lists(st.lists(json_values(), max_size=10), max_size=4),
+)
+def test_a_head_push_built_without_pydantic_is_the_push(seq: int, rows: list[Any] | None) -> None:
+    frame = encode_head_push(seq, rows)
+    assert decode(frame) == Push(push="head", seq=seq, rows=rows)
+    assert decode(frame) == decode(encode(Push(push="head", seq=seq, rows=rows)))
+    assert decode_head_push(frame) == (seq, rows)
+
+
+@pytest.mark.parametrize(
+    ("seq", "rows"),
+    [
+        (-1, None),
+        (2**53, None),
+        (True, None),
+        (1, {}),
+        (1, [float("nan")]),
+        (1, [b"x"]),
+        (1, ["\ud800"]),
+    ],
+)
+def test_a_head_push_that_is_not_json_is_refused(seq: Any, rows: Any) -> None:
+    with pytest.raises(ProtocolError):
+        encode_head_push(seq, rows)
 
 
 _fields = st.dictionaries(
