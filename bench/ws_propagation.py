@@ -26,6 +26,11 @@ per write is CPU per append whatever the load does to the batching.
 where their time per update went, by part (JSON and base64, pydantic, websockets, the event
 loop, pycrdt, SQLite, crdtstore's own code).
 
+``--stages`` logs, in the writer, the hub and a reader, when each write passes each stage
+(the writer's set, its committer's append, the frame sent, the hub's receipt, dispatch,
+apply, commit and push, the reader's receipt, decode and apply: ``bench/_ws_stages.py``) and
+prints the median time of each after the writer's stamp, per ws:// trial.
+
 Baselines in the same run, same pacing and counts:
 
 - **Yjs peers through the same hub**: a plain Yjs writer and R plain Yjs observers on raw
