@@ -21,9 +21,15 @@ ws:// writer: how many appends its record sent, and their median wall time (send
 ``--flush-each`` makes every write one append (the writer flushes after each), so that CPU
 per write is CPU per append whatever the load does to the batching.
 
-``--profile DIR`` runs the hub and the ws:// writer under cProfile (``DIR/hub.prof``,
-``DIR/writer-<trial>.prof``) and prints where their time per update went, by part
-(JSON and base64, pydantic, websockets, the event loop, pycrdt, SQLite, crdtstore's own code).
+``--profile DIR`` runs the hub, the ws:// writer and its first reader under cProfile
+(``DIR/hub.prof``, ``DIR/writer-<trial>.prof``, ``DIR/reader-<trial>.prof``) and prints
+where their time per update went, by part (JSON and base64, pydantic, websockets, the event
+loop, pycrdt, SQLite, crdtstore's own code).
+
+``--stages`` logs, in the writer, the hub and a reader, when each write passes each stage
+(the writer's set, its committer's append, the frame sent, the hub's receipt, dispatch,
+apply, commit and push, the reader's receipt, decode and apply: ``bench/_ws_stages.py``) and
+prints the median time of each after the writer's stamp, per ws:// trial.
 
 Baselines in the same run, same pacing and counts:
 
@@ -87,10 +93,16 @@ def agent(
     rate: float,
     profile: str | None = None,
     flush_each: bool = False,
+    stages: str | None = None,
 ) -> None:
     """A writer or a reader (see the module docstring); protocol on stdout/stdin: ``READY``,
-    (writer) ``GO`` read, then ``RESULT {json}``. ``profile``: the writer's write loop runs
-    under cProfile, dumped there; ``flush_each``: the writer flushes after every write."""
+    (writer) ``GO`` read, then ``RESULT {json}``. ``profile``: the writer's write loop (a
+    reader's receive loop) runs under cProfile, dumped there; ``flush_each``: the writer
+    flushes after every write; ``stages``: log its stages there (``_ws_stages``)."""
+    if stages:
+        import _ws_stages
+
+        _ws_stages.install(role, stages)
     import anyio
     import anyio.to_thread
 
@@ -151,6 +163,12 @@ def agent(
             seen = 0
             stream = rec.changes(local=False, buffer=100_000)
             _line("READY")
+            prof = None
+            if profile:
+                import cProfile
+
+                prof = cProfile.Profile(time.process_time)
+                prof.enable()
             cpu0 = time.process_time()
             with anyio.move_on_after(n / rate + 60):
                 async for change in stream:
@@ -164,6 +182,9 @@ def agent(
                     if seen >= n:
                         break
             cpu = time.process_time() - cpu0
+            if prof is not None:
+                prof.disable()
+                prof.dump_stats(str(profile))
             return {"arrivals": arrivals, "lost": stream.lost, "cpu": cpu}
 
     _line("RESULT " + json.dumps(anyio.run(main)))
@@ -288,6 +309,9 @@ def end(*_):
     held[1] += 1
     held[0].dump_stats({out!r} + str(held[1]) + ".prof")
 sys.argv[0] = "sync"
+if {stages!r}:
+    import _ws_stages
+    _ws_stages.install("hub", {stages!r})
 signal.signal(signal.SIGUSR1, start)
 signal.signal(signal.SIGUSR2, end)
 try:
@@ -300,14 +324,19 @@ except SystemExit:
 class Hub:
     """``python -m sync`` on a SQLite store, in a process of its own."""
 
-    def __init__(self, store: str, secret: str, profile: Path | None = None) -> None:
+    def __init__(
+        self, store: str, secret: str, profile: Path | None = None, stages: Path | None = None
+    ) -> None:
         self.secret = secret
         env = {**os.environ, "CRDTSTORE_SECRET": secret}
         argv = [sys.executable, "-m", "sync", "--store", store, "--host", "127.0.0.1"]
         self.profiled, self.dumps = profile, 0
         if profile is not None:  # CPU time, not wall time (an idle hub waits in epoll)
             self.profiled = profile.with_name("dump-hub")
-            argv[1:3] = ["-c", _PROFILED_HUB.format(out=str(self.profiled))]
+        if profile is not None or stages is not None:  # (a profile that never starts)
+            out = str(profile.with_name("dump-hub") if profile else "")
+            code = _PROFILED_HUB.format(out=out, stages=str(stages or ""))
+            argv[1:3] = ["-c", code]
         self.proc = subprocess.Popen(
             [*argv, "--port", "0"],
             stdin=subprocess.DEVNULL,
@@ -385,9 +414,11 @@ def trial(
     rate: float,
     profile: Path | None = None,
     flush_each: bool = False,
+    stages: Path | None = None,
 ) -> dict[str, Any]:
     """One writer and ``readers`` readers of ``kind`` on a fresh run: latencies in ms, CPU
-    per write in us (``profile``: a folder for the ws:// writer's profile)."""
+    per write in us (``profile``: a folder for the ws:// writer's profile; ``stages``: the
+    folder of the stage logs, see ``_ws_stages``)."""
     global _trials
     _trials += 1
     run = f"t{_trials}-{kind}-{readers}"
@@ -438,6 +469,9 @@ def trial(
             common = ["--n", str(n), "--rate", str(rate), "--run", run, "--url", url]
             if flush_each:
                 common.append("--flush-each")
+            if stages is not None and kind == "ws":
+                (stages / run).mkdir()
+                common += ["--stages-dir", str(stages / run)]
             prof = []
             if profile is not None and kind == "ws":
                 prof = ["--profile", str(profile / f"writer-{run}.prof")]
@@ -446,8 +480,11 @@ def trial(
             )
             procs.append(writer)
             readline(writer, "READY")  # the run exists now
+            # (the first reader is profiled with the writer)
+            rprof = ["--profile", str(profile / f"reader-{run}.prof")] if prof else []
+            rargs = [[*common, *(rprof if i == 0 else [])] for i in range(readers)]
             rs = [
-                spawn([me, "--agent", "reader", "--token", tok(f"r{i}", "ro"), *common])
+                spawn([me, "--agent", "reader", "--token", tok(f"r{i}", "ro"), *rargs[i]])
                 for i in range(readers)
             ]
             procs += rs
@@ -465,6 +502,10 @@ def trial(
             hub_cpu = hub.cpu() - hub0 if kind == "ws" else float("nan")
             arrivals = [r["arrivals"] for r in results]
             cpu = [r["cpu"] for r in results]
+        if stages is not None and kind == "ws":
+            import _ws_stages
+
+            _ws_stages.report(stages, run, sent, arrivals[0], SKIP)
         lat: list[float] = []
         missing = 0
         for arr in arrivals:
@@ -515,11 +556,17 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the writer flushes after every write: one append per write (CPU per append A/B)",
     )
+    ap.add_argument(
+        "--stages",
+        action="store_true",
+        help="log where each ws:// write's latency goes (slower: compare traced runs only)",
+    )
     # an agent process (internal)
     ap.add_argument("--agent", choices=("writer", "reader"), help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
     ap.add_argument("--run", help=argparse.SUPPRESS)
     ap.add_argument("--token", help=argparse.SUPPRESS)
+    ap.add_argument("--stages-dir", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     n = args.n or (200 if args.quick else 600)
     if args.wire:
@@ -528,7 +575,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.agent:
         agent(args.agent, args.url, args.run, None if args.token == "-" else args.token, n,
-              args.rate, args.profile, args.flush_each)  # fmt: skip
+              args.rate, args.profile, args.flush_each, args.stages_dir)  # fmt: skip
         return 0
     readers = [int(r) for r in args.readers.split(",")]
     kinds = [k for k in args.kinds.split(",") if k]
@@ -540,15 +587,19 @@ def main(argv: list[str] | None = None) -> int:
         if profile is not None:
             profile.mkdir(parents=True, exist_ok=True)
         hub_prof = None if profile is None else profile / "hub"
-        hub = Hub(f"sqlite:///{Path(tmp) / 'hub.db'}", secrets.token_hex(16), hub_prof)
+        stages = Path(tmp) / "stages" if args.stages else None
+        if stages is not None:
+            stages.mkdir()
+        hub = Hub(f"sqlite:///{Path(tmp) / 'hub.db'}", secrets.token_hex(16), hub_prof, stages)
         try:
             for rep in range(args.repeat):
                 for r in readers:
                     for kind in kinds:
                         sqlite_url = f"sqlite:///{Path(tmp) / f'direct{rep}-{r}.db'}"
                         res = trial(
-                            kind, hub, sqlite_url, r, n, args.rate, profile, args.flush_each
-                        )
+                            kind, hub, sqlite_url, r, n, args.rate, profile, args.flush_each,
+                            stages,
+                        )  # fmt: skip
                         by.setdefault((kind, r), []).append(res)
                         rows.append(
                             [
@@ -572,6 +623,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             hub.stop()
         if profile is not None:
+            for path in sorted(profile.glob("reader-*.prof")):
+                profile_report(path, n)
             for path in sorted(profile.glob("writer-*.prof")):
                 profile_report(path, n)
             for path in sorted(profile.glob("hub-*.prof")):

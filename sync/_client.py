@@ -495,6 +495,12 @@ class WsJournal(JournalBackend, RemoteJournal):
                 break
         return forget_redacted(link, out)
 
+    def kept(self, tenant: str, run: str, after: int, limit: int) -> list[Row] | None:
+        """A record tail's read answered now from the entries the hub pushed, or None (then
+        it reads): see ``_Link.kept``."""
+        link = self._links.get(run) if tenant == self.tenant else None
+        return None if link is None else link.kept(after, limit)
+
     async def head(self, tenant: str, run: str) -> int:
         await self._link(tenant, run)
         got = await self.call(run, "journal.head")

@@ -23,10 +23,9 @@ from crdtstore import BackendError, ReadOnlyAccess
 from crdtstore.backend import NewEntry
 
 from ._errors import ProtocolError
-from ._frames import APPEND_OP, Append, AppendEntry
+from ._frames import APPEND_OP, AppendEntry
 from ._lease_rpc import error_from_info
 from ._link import _ConnectionLost, _Link, _Waiter
-from ._messages import encode
 from ._rows import _entry_json
 
 if TYPE_CHECKING:
@@ -71,7 +70,8 @@ async def _append_once(
     """One ``journal.append`` of ``chunk``: an append frame when the hub of the open
     connection takes them (asked once per connection), else the JSON op."""
     while journal.append_frames:
-        await link.ready(max(0.0, deadline - anyio.current_time()))
+        if link.ws is None or not link.synced:  # (else ready: not waited for)
+            await link.ready(max(0.0, deadline - anyio.current_time()))
         known = journal._frames.get(link.run)
         if known is None or known[0] is not link.session:
             await journal._whoami(link, max(0.0, deadline - anyio.current_time()))
@@ -94,14 +94,9 @@ async def _call_frame(
     ws, session = link.ws, link.session
     assert ws is not None
     assert session is not None
-    try:  # the request id, pending in the session (its JSON frame is not sent)
-        request, _ = session.request(APPEND_OP)
-        frame = encode(
-            Append.of(
-                int(request.id),
-                tuple(AppendEntry(e.update, e.client_id, e.call) for e in chunk),
-                durable,
-            )
+    try:
+        request, frame = session.append_request(
+            tuple(AppendEntry(e.update, e.client_id, e.call) for e in chunk), durable
         )
     except ProtocolError as exc:
         raise BackendError("ws", str(exc)) from None

@@ -17,9 +17,12 @@ A module of its own because it is a codec of its own, written over bytes rather 
 
 from __future__ import annotations
 
-from typing import Final, NamedTuple
+import json
+from typing import Any, Final, NamedTuple
 
-from crdtstore.codec import MAX_SAFE_INTEGER, read_var_uint_at
+import pydantic_core
+
+from crdtstore.codec import MAX_SAFE_INTEGER, CodecError, read_var_uint_at
 
 from ._errors import ProtocolError
 from ._requests import Request, Response
@@ -31,6 +34,8 @@ __all__ = [
     "Appended",
     "decode_append",
     "decode_appended",
+    "decode_head_push",
+    "encode_head_push",
     "encode_append",
     "encode_appended",
 ]
@@ -203,3 +208,60 @@ def decode_appended(frame: bytes) -> Appended:
     if pos != end:
         raise ProtocolError(f"{end - pos} trailing bytes after the Appended")
     return Appended.of(request_id, seqs)
+
+
+_PUSH_KEYS: Final = frozenset({"push", "seq", "rows"})
+
+
+def decode_head_push(frame: bytes) -> tuple[int, list[Any] | None] | None:
+    """The ``seq`` and ``rows`` (None: none) of a head push (type 100/2, the JSON
+    ``{"push": "head", "seq": N, "rows": [...]}``), read without pydantic: it reaches every
+    reader of a run on every update. None when ``frame`` is anything else, or not plainly a
+    head push: :func:`sync._messages.decode` then reads it (and refuses what is malformed),
+    so nothing the :class:`~sync._requests.Push` model refuses is taken here."""
+    if len(frame) < 4 or frame[0] != 0x64 or frame[1] != 0x02:  # varUint(100) • varUint(PUSH)
+        return None
+    try:
+        size, pos = read_var_uint_at(frame, 2)
+        if pos + size != len(frame):
+            return None
+        data = pydantic_core.from_json(frame[pos:], allow_inf_nan=False)  # (as decode parses)
+    except (CodecError, ValueError):
+        return None
+    if type(data) is not dict or data.get("push") != "head" or not data.keys() <= _PUSH_KEYS:
+        return None
+    seq, rows = data.get("seq", 0), data.get("rows")
+    if type(seq) is not int or not 0 <= seq <= MAX_SAFE_INTEGER:
+        return None
+    if rows is not None and type(rows) is not list:
+        return None
+    return seq, rows
+
+
+# (the JSON of journal.read's rows as the hub's store keeps it; NaN and Infinity refused)
+_dumps: Final = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+
+
+def encode_head_push(seq: int, rows: list[Any] | None = None) -> bytes:
+    """The frame of ``Push(push="head", seq=seq, rows=rows)`` built without pydantic: the
+    hub sends one to every crdtstore connection of a run on every commit. ``rows``: JSON
+    values (the rows as ``journal.read`` gives them), as the :class:`~sync._requests.Push`
+    model takes them; :func:`sync._messages.decode` reads the frame as that push.
+
+    Raises:
+        ProtocolError: ``seq`` is not a safe int >= 0, or ``rows`` is not a list of JSON.
+    """
+    if type(seq) is not int or not 0 <= seq <= MAX_SAFE_INTEGER:
+        raise ProtocolError(f"a head push's seq is a safe int >= 0, not {seq!r}")
+    if rows is not None and type(rows) is not list:
+        raise ProtocolError(f"a head push's rows are a list, not {type(rows).__name__}")
+    body = {"push": "head", "seq": seq} if rows is None else {"push": "head", "seq": seq,
+                                                              "rows": rows}  # fmt: skip
+    try:
+        text = _dumps(body).encode()
+    except (TypeError, ValueError) as exc:  # not JSON, NaN, a cycle; lone surrogates
+        raise ProtocolError(f"cannot encode a head push: {exc}") from None
+    buf = bytearray(b"\x64\x02")  # varUint(100) • varUint(PUSH) • varString(JSON)
+    _var_uint(buf, len(text))
+    buf += text
+    return bytes(buf)

@@ -37,8 +37,10 @@ from crdtstore.backend import Row, error_from_dict
 
 from ._document import PycrdtDocument
 from ._errors import CloseCode, ProtocolError
+from ._frames import Append, AppendEntry, decode_head_push
 from ._lease_rpc import error_from_info
-from ._messages import DEFAULT_MAX_MESSAGE_SIZE, Push, Response, decode_state_vector
+from ._messages import DEFAULT_MAX_MESSAGE_SIZE, Push, Response, decode_state_vector, encode
+from ._redact_rpc import forget_redacted
 from ._rows import _b64, _row
 from ._session import ClientSession
 from ._tokens import Forbidden, TokenInvalid
@@ -74,6 +76,31 @@ class _Waiter:
     def __init__(self) -> None:
         self.event = anyio.Event()
         self.response: Response | None = None
+
+
+class _LinkSession(ClientSession):
+    """The client session of a link, which also sends append frames."""
+
+    def append_request(
+        self, entries: tuple[AppendEntry, ...], durable: bool
+    ) -> tuple[Append, bytes]:
+        """:meth:`request` of ``journal.append`` as an append frame: the request (pending
+        under a fresh id, as ``request`` leaves it) and its frame, without the JSON request
+        that ``request`` would build (on the path of every write).
+
+        Raises:
+            ProtocolError: as :meth:`request`, or an entry that cannot be encoded.
+        """
+        if len(self._pending) >= self.max_pending_requests:
+            raise ProtocolError(
+                f"more than {self.max_pending_requests} requests in flight",
+                CloseCode.TOO_MANY_REQUESTS,
+            )
+        request = Append.of(self._next_id, entries, durable)
+        frame = encode(request)
+        self._next_id += 1
+        self._pending[request.id] = request
+        return request, frame
 
 
 class _Link:
@@ -124,7 +151,7 @@ class _Link:
         self.hub = journal.base  # the hub this run connects to (moves: see serve)
         self.url = journal.hub_url(run, self.hub, create)
         self.ws: Any = None
-        self.session: ClientSession | None = None
+        self.session: _LinkSession | None = None
         self.up = anyio.Event()  # set while connected; replaced when the connection drops
         self.changed = anyio.Event()  # fired on every connect, drop and final refusal
         self.final: CrdtStoreError | None = None
@@ -228,7 +255,7 @@ class _Link:
             await anyio.sleep(backoff)
 
     async def _session(self, ws: Any) -> None:
-        self.session = ClientSession(PycrdtDocument(Doc()))
+        self.session = _LinkSession(PycrdtDocument(Doc()))
         self.ws = ws
         self.synced = False
         self.exchanging = True
@@ -242,13 +269,20 @@ class _Link:
             tg.cancel_scope.cancel()
 
     async def _receive(self, ws: Any) -> None:
-        assert self.session is not None
+        session = self.session
+        assert session is not None
+        max_size = session.max_message_size
         try:
             while True:
                 frame = await ws.recv()
                 if isinstance(frame, str):
                     raise ProtocolError("the hub sent a text frame")
-                received = self.session.receive(frame)
+                head = decode_head_push(frame) if len(frame) <= max_size else None
+                if head is not None:  # (the frame of every update: not through pydantic)
+                    session.frames_received += 1
+                    self.pushed_rows(*head)
+                    continue
+                received = session.receive(frame)
                 message = received.message
                 if isinstance(message, Response):
                     waiter = self.waiters.pop(message.id, None)
@@ -408,9 +442,15 @@ class _Link:
 
     def pushed(self, push: Push) -> None:
         """A head push: keep its entries, then wake the run's readers."""
-        if push.rows:
+        self.pushed_rows(push.seq, push.rows)
+
+    def pushed_rows(self, seq: int, items: list[Any] | None) -> None:
+        """A head push to ``seq`` with the entries ``items`` (as JSON; None: none): keep
+        them, then wake the run's readers (a record's tail waiting on the run may apply them
+        at once, in this task: see :meth:`kept`)."""
+        if items:
             try:
-                rows = [_row(item) for item in push.rows]
+                rows = [_row(item) for item in items]
             except BackendError as exc:  # kept nothing: the readers ask the hub
                 log.warning("ws %s/%s: %s (push ignored)", self.journal.tenant, self.run, exc)
                 rows = []
@@ -421,8 +461,8 @@ class _Link:
                 self.mark(row.seq, row.checksum)
             if len(self.rows) > 2 * _KEEP_ROWS or self.rows_bytes > _KEEP_BYTES:
                 self._trim(max(self.rows) - _KEEP_ROWS)
-        self.saw(push.seq)
-        self.journal._wake_run(self.run, push.seq)
+        self.saw(seq)
+        self.journal._wake_run(self.run, seq)
 
     def _trim(self, upto: int) -> None:
         """Drop the kept entries at positions up to ``upto``."""
@@ -458,6 +498,17 @@ class _Link:
         if after in rows:  # read by position: those up to `after` are done with
             self._trim(after)
         return out
+
+    def kept(self, after: int, limit: int) -> list[Row] | None:
+        """A record tail's read after ``after`` answered from the pushed entries now (see
+        :meth:`cached`; own entries included: the record skips them), or None: the tail
+        reads. The store's notifier calls it (``Watch.direct``) on the wake-up of a push,
+        so the entries are applied without waking the tail task."""
+        rows = self.cached(after, limit, -1)
+        if rows is None:
+            return None
+        self.journal.reads_kept += 1
+        return forget_redacted(self, rows)
 
     def _abort(self, ws: Any) -> None:
         """Give up on ``ws`` (it did not answer in time): end its session now (its requests

@@ -22,6 +22,7 @@ from pydantic import JsonValue
 from crdtstore import CrdtStoreError
 from crdtstore.backend import NewEntry, Row
 
+from ._frames import encode_head_push
 from ._hub_conn import _wire
 from ._messages import Push, encode
 from ._ops import OpContext
@@ -222,7 +223,7 @@ async def _push_new(backend: Any, tenant: str, run: str, state: _RunPushes) -> N
             frame = encode(Push(push="head", seq=head))
         else:
             head = rows[-1].seq
-            frame = encode(Push(push="head", seq=head, rows=[row_to_json(r) for r in rows]))
+            frame = encode_head_push(head, [row_to_json(r) for r in rows])
         state.last = max(state.last, head)
         state.send(frame)
     finally:
@@ -290,7 +291,7 @@ def _committed_push(state: _RunPushes, seqs: list[int], entries: Sequence[NewEnt
         )
     state.last = seqs[-1]
     state.direct += 1
-    state.send(encode(Push(push="head", seq=seqs[-1], rows=rows)))
+    state.send(encode_head_push(seqs[-1], rows))  # (the frame of Push(...), without pydantic)
 
 
 async def _push_committed(ctx: OpContext, seqs: list[int]) -> None:

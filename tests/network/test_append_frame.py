@@ -63,6 +63,38 @@ def test_append_frames_round_trip(request_id: int, entries: Any, durable: bool) 
     assert frame == _reference_append(got)
 
 
+@given(st.lists(st.tuples(st.booleans(), _ENTRIES, st.booleans()), max_size=8))
+def test_a_link_session_numbers_append_frames_with_its_requests(
+    calls: list[tuple[bool, Any, bool]],
+) -> None:
+    """``_LinkSession.append_request`` (no JSON built): the frame of ``Append.of`` under the
+    session's next request id, pending until its answer, in one id space with ``request``."""
+    from pycrdt import Doc
+
+    from sync import PycrdtDocument
+    from sync._link import _LinkSession
+
+    session = _LinkSession(PycrdtDocument(Doc()), max_pending_requests=4)
+    ids: list[int | str] = []
+    for framed, entries, durable in calls:
+        if len(ids) == 4:
+            with pytest.raises(ProtocolError) as refused:
+                session.append_request(entries, durable)
+            assert refused.value.close_code == CloseCode.TOO_MANY_REQUESTS
+            session.receive(encode(Appended.of(ids.pop(0), [])))
+        if framed:
+            request, frame = session.append_request(entries, durable)
+            assert frame == encode(Append.of(int(request.id), entries, durable))
+        else:
+            request, frame = session.request("whoami")
+        assert all(request.id > i for i in ids)  # type: ignore[operator]
+        ids.append(request.id)
+    for i in ids:  # each answered once; an answer to no pending request is refused
+        session.receive(encode(Appended.of(i, [1])))
+        with pytest.raises(ProtocolError):
+            session.receive(encode(Appended.of(i, [1])))
+
+
 @given(_IDS, st.lists(_IDS, max_size=20))
 def test_appended_frames_round_trip(request_id: int, seqs: list[int]) -> None:
     message = Appended.of(request_id, seqs)

@@ -43,13 +43,13 @@ async def test_appends_are_pushed_from_their_commit_as_the_journal_reads_them(
                     await until(lambda: r1.map("m").get("warm") == 1)
                     link = j1._links[RUN]
                     seen: list[Any] = []
-                    pushed = link.pushed
+                    pushed = link.pushed_rows
 
-                    def keep(push: Push) -> None:
-                        seen.extend(push.rows or [])
-                        pushed(push)
+                    def keep(seq: int, items: list[Any] | None) -> None:
+                        seen.extend(items or [])
+                        pushed(seq, items)
 
-                    link.pushed = keep  # type: ignore[method-assign]
+                    link.pushed_rows = keep  # type: ignore[method-assign]
                     pushes = _hub_pushes(hub)
                     reads, direct = pushes.reads, pushes.direct
                     n = 12
