@@ -265,6 +265,7 @@ async def test_cut_connections_lose_and_repeat_nothing(tmp_path: Path, seed: int
                     # small writes (pushed with their entries) and a burst larger than one
                     # push (only the head is pushed: the reader asks)
                     await _write(hub, keys[:60], rng.choice([1, 3]))
+                    relay.cut()  # at least one cut lands mid-stream, however fast the rest
                     await _write(hub, keys[60:], MAX_PUSH_ROWS + 26)
                     with anyio.fail_after(SLOW_DEADLINE):  # reloads of the run, under load
                         while len(seen) < len(keys):
