@@ -39,6 +39,9 @@ log = logging.getLogger("crdtstore.notify")
 # A listing of the socket folder is reused while the folder's mtime stays what it was, if the
 # folder had been quiet this long (ns) when it was listed (mtimes are coarse: a few ms).
 _QUIET_NS = 50_000_000
+# others_listening() answers from the last listing when it is this recent (s): it only decides
+# whether a commit may wait for company, and every commit's notify stats the folder afresh
+_LISTENING_FRESH = 0.5
 
 
 class Watch:
@@ -114,6 +117,8 @@ class Notifier:
         self._own = ""  # the path of this process's socket
         self._listed: list[str] = []  # the other processes' sockets (see _listeners)
         self._listed_at: int | None = None  # the folder's mtime (ns) when listed
+        self._checked = -_LISTENING_FRESH  # time.monotonic() of the last look at the folder
+        self._dir_fd: int | None = None  # the folder, open: fstat, no path walk per commit
         self.polls = 0  # polls made (tests, metrics)
 
     def watch(self, tenant: str, run: str, *, polled: bool = True) -> Watch:
@@ -214,8 +219,13 @@ class Notifier:
 
     def others_listening(self) -> bool:
         """Whether other processes have the store open (their sockets are in the folder, as
-        last listed: see :meth:`_listeners`); False without the datagram channel."""
-        return self._dir is not None and self._send is not None and bool(self._listeners())
+        last listed: see :meth:`_listeners`; a look at the folder less than
+        :data:`_LISTENING_FRESH` old is not made again); False without the datagram channel."""
+        if self._dir is None or self._send is None:
+            return False
+        if time.monotonic() - self._checked < _LISTENING_FRESH:
+            return bool(self._listed)
+        return bool(self._listeners())
 
     def _listeners(self) -> list[str]:
         """The sockets of the other processes (the folder's entries but this one's): listed
@@ -224,12 +234,18 @@ class Notifier:
         :data:`_QUIET_NS` before it was made, so that a socket bound right after it, within
         the file system's timestamp granularity, still changes the mtime seen next."""
         assert self._dir is not None
+        self._checked = time.monotonic()
         try:
-            stamp = os.stat(self._dir).st_mtime_ns
+            fd = self._dir_fd
+            st = os.stat(self._dir) if fd is None else os.fstat(fd)
+            if not st.st_nlink:  # the folder was removed (and maybe made again): by its path
+                st = os.stat(self._dir)
+            stamp = st.st_mtime_ns
             if stamp == self._listed_at:
                 return self._listed
             listed = [e.path for e in os.scandir(self._dir) if e.path != self._own]
         except OSError:
+            self._listed = []
             return []
         self._listed = listed
         self._listed_at = stamp if time.time_ns() - stamp >= _QUIET_NS else None
@@ -254,6 +270,8 @@ class Notifier:
                         raise
             self._send = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
             self._send.setblocking(False)
+            with contextlib.suppress(OSError):  # (else stat by path)
+                self._dir_fd = os.open(self._dir, os.O_RDONLY | os.O_DIRECTORY)
         except OSError as exc:
             log.warning("cross-process notification unavailable (%s); polling only", exc)
             self._dir = self._path = None
@@ -320,6 +338,9 @@ class Notifier:
             loop.remove_reader(raw.fileno())
 
     def close(self) -> None:
+        if self._dir_fd is not None:
+            os.close(self._dir_fd)
+            self._dir_fd = None
         if self._send is not None:
             self._send.close()
             self._send = None
