@@ -15,8 +15,9 @@ the last one is less than a ``journal_window`` old, a batch waits one window fro
 entry, so the updates arriving meanwhile share its commit (at most one commit per window, no
 entry waiting longer). A waiter (a ``flush``, an unguarded ``append_updates``, a reader in
 :attr:`LoopCommit.readers`, another process with the store open) brings it forward to the
-current iteration; so does an entry queued once the batch is nearly due (it rides on that
-arrival's iteration, not on a wake-up of its own).
+current iteration. An entry queued once the batch is nearly due makes it ripe: the caller
+commits it with :meth:`LoopCommit.ride` when done with that arrival (the hub: once relayed),
+on that arrival's iteration, not on a wake-up of its own (else its timer does).
 """
 
 from __future__ import annotations
@@ -96,6 +97,7 @@ class LoopCommit:
         readers: connections that read the record's journal as it grows (a hub's ``ws://``
             clients): while there are any, nothing is deferred. The owner counts them.
         group_commits: commits made on the loop (tests, metrics).
+        ripe: the deferred batch is about due (see :meth:`_ripe`): :meth:`ride` commits it.
     """
 
     def __init__(
@@ -113,6 +115,7 @@ class LoopCommit:
         self.journal_window = journal_window
         self.readers = 0
         self.group_commits = 0
+        self.ripe = False
         self._due = False
         self._timer: Any = None  # the handle of a deferred commit (call_later)
         self._deferred_at = 0.0  # time.monotonic() when the deferred batch's first entry came
@@ -140,10 +143,14 @@ class LoopCommit:
     def queued(self) -> None:
         """The record queued an entry: schedule its commit (the record's ``_enqueue``)."""
         if self._due:
-            if self._timer is not None and (self._rec._fast or self.readers or self._ripe()):
-                # a ws:// append waits for its answer, or a ws:// client reads; or the batch
-                # is about due: committed with this arrival's iteration
-                self.urge()
+            if self._timer is not None:
+                if self._rec._fast or self.readers:
+                    # a ws:// append waits for its answer, or a ws:// client reads
+                    self.urge()
+                elif not self.ripe and self._ripe():
+                    # the batch is about due: committed by :meth:`ride` after this arrival is
+                    # relayed, else (nobody rides) when its timer runs out
+                    self.ripe = True
             return
         self._due = True
         delay = self.deferral()
@@ -185,9 +192,21 @@ class LoopCommit:
             timer.cancel()
             self._call_soon(self._commit)
 
+    def ride(self) -> None:
+        """Commit a deferred batch now if it is about due (:attr:`ripe`): for the caller that
+        queued an entry and is done with what must come before the commit (the hub, after it
+        relayed the update). No callback of its own, no event loop iteration: the commit rides
+        on the arrival's."""
+        if self.ripe:
+            timer, self._timer = self._timer, None
+            if timer is not None:
+                timer.cancel()
+                self._commit()
+            self.ripe = False
+
     def _commit(self) -> None:
         """Append every queued entry now in one commit; else leave them to the committer."""
-        self._due = False
+        self._due = self.ripe = False
         self._timer = None
         rec = self._rec
         try:
