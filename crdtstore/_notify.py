@@ -39,9 +39,6 @@ log = logging.getLogger("crdtstore.notify")
 # A listing of the socket folder is reused while the folder's mtime stays what it was, if the
 # folder had been quiet this long (ns) when it was listed (mtimes are coarse: a few ms).
 _QUIET_NS = 50_000_000
-# others_listening() answers from the last listing when it is this recent (s): it only decides
-# whether a commit may wait for company, and every commit's notify stats the folder afresh
-_LISTENING_FRESH = 0.5
 
 
 class Watch:
@@ -117,7 +114,6 @@ class Notifier:
         self._own = ""  # the path of this process's socket
         self._listed: list[str] = []  # the other processes' sockets (see _listeners)
         self._listed_at: int | None = None  # the folder's mtime (ns) when listed
-        self._checked = -_LISTENING_FRESH  # time.monotonic() of the last look at the folder
         self._dir_fd: int | None = None  # the folder, open: fstat, no path walk per commit
         self.polls = 0  # polls made (tests, metrics)
 
@@ -219,13 +215,8 @@ class Notifier:
 
     def others_listening(self) -> bool:
         """Whether other processes have the store open (their sockets are in the folder, as
-        last listed: see :meth:`_listeners`; a look at the folder less than
-        :data:`_LISTENING_FRESH` old is not made again); False without the datagram channel."""
-        if self._dir is None or self._send is None:
-            return False
-        if time.monotonic() - self._checked < _LISTENING_FRESH:
-            return bool(self._listed)
-        return bool(self._listeners())
+        last listed: see :meth:`_listeners`); False without the datagram channel."""
+        return self._dir is not None and self._send is not None and bool(self._listeners())
 
     def _listeners(self) -> list[str]:
         """The sockets of the other processes (the folder's entries but this one's): listed
@@ -234,7 +225,6 @@ class Notifier:
         :data:`_QUIET_NS` before it was made, so that a socket bound right after it, within
         the file system's timestamp granularity, still changes the mtime seen next."""
         assert self._dir is not None
-        self._checked = time.monotonic()
         try:
             fd = self._dir_fd
             st = os.stat(self._dir) if fd is None else os.fstat(fd)
@@ -245,7 +235,6 @@ class Notifier:
                 return self._listed
             listed = [e.path for e in os.scandir(self._dir) if e.path != self._own]
         except OSError:
-            self._listed = []
             return []
         self._listed = listed
         self._listed_at = stamp if time.time_ns() - stamp >= _QUIET_NS else None
