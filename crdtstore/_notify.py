@@ -157,8 +157,11 @@ class Notifier:
         self._wake(tenant, run, seq, own)
         if self._send is None or self._dir is None:
             return
+        listeners = self._listeners()
+        if not listeners:  # (the usual case in a hub: nobody else has the store open)
+            return
         payload = (f"{tenant}\x00{run}" if seq is None else f"{tenant}\x00{run}\x00{seq}").encode()
-        for path in self._listeners():
+        for path in listeners:
             try:
                 self._send.sendto(payload, path)
             except (ConnectionRefusedError, FileNotFoundError):
