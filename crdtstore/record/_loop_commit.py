@@ -17,7 +17,8 @@ entry waiting longer). A waiter (a ``flush``, an unguarded ``append_updates``, a
 :attr:`LoopCommit.readers`, another process with the store open) brings it forward to the
 current iteration. An entry queued once the batch is nearly due makes it ripe: the caller
 commits it with :meth:`LoopCommit.ride` when done with that arrival (the hub: once relayed),
-on that arrival's iteration, not on a wake-up of its own (else its timer does).
+on that arrival's iteration, not on a wake-up of its own (else its timer does, after the
+tasks that the timer's wake-up made ready: an update arriving as the window ends shares it).
 """
 
 from __future__ import annotations
@@ -157,7 +158,7 @@ class LoopCommit:
         if delay > 0.0:
             assert self._call_later is not None
             self._deferred_at = time.monotonic()
-            self._timer = self._call_later(delay, self._commit)
+            self._timer = self._call_later(delay, self._window_end)
         else:
             self._call_soon(self._commit)
 
@@ -203,6 +204,15 @@ class LoopCommit:
                 timer.cancel()
                 self._commit()
             self.ripe = False
+
+    def _window_end(self) -> None:
+        """The deferred batch's timer ran out: commit it after what the same wake-up of the
+        loop made ready. An update that arrived as the window ended is in that commit: asyncio
+        runs the timer before the task that receives the frame, which would else start a batch
+        of its own (a commit more, and a wake-up more, every time they meet)."""
+        if self._timer is not None:
+            self._timer = None
+            self._call_soon(self._commit)
 
     def _commit(self) -> None:
         """Append every queued entry now in one commit; else leave them to the committer."""

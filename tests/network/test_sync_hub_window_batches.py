@@ -146,6 +146,36 @@ def test_a_ripe_batch_nobody_rides_is_committed_by_its_timer(
     assert loop.wakeups == 3
 
 
+def test_an_arrival_in_the_timer_s_wake_up_shares_its_commit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # asyncio runs a timer that is due before the task woken by a frame in the same wake-up:
+    # the timer's commit waits for that task (call_soon), so the frame's entry is in it
+    loop = Loop()
+    monkeypatch.setattr(
+        _loop_commit, "time", SimpleNamespace(monotonic=lambda: loop.now, perf_counter=lambda: 0)
+    )
+    rec = FakeRecord(loop)
+    commit = LoopCommit(rec, lambda t, r, e: list(e), loop.call_soon, loop.call_later, 1.0)  # type: ignore[arg-type]
+
+    def arrive(i: int) -> None:
+        rec._pending.append(i)
+        commit.queued()
+
+    arrive(0)
+    loop.run_soon()  # quiet: at once
+    loop.now = 0.5
+    arrive(1)  # deferred: its timer at 1.5
+    loop.now = 1.5
+    when, _, handle = heapq.heappop(loop.timers)
+    assert when == 1.5
+    handle.f()  # the timer, then (same wake-up) the task receiving the next frame
+    arrive(2)
+    loop.run_soon()
+    assert rec.committed == [(0.0, [0]), (1.5, [1, 2])]
+    assert not loop.timers
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     window=st.sampled_from([0.02, 1.0]),
