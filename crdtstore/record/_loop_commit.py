@@ -16,9 +16,8 @@ entry, so the updates arriving meanwhile share its commit (at most one commit pe
 entry waiting longer). A waiter (a ``flush``, an unguarded ``append_updates``, a reader in
 :attr:`LoopCommit.readers`, another process with the store open) brings it forward to the
 current iteration. An entry queued once the batch is nearly due makes it ripe: the caller
-commits it with :meth:`LoopCommit.ride` when done with that arrival (the hub: once relayed),
-on that arrival's iteration, not on a wake-up of its own (else its timer does, after the
-tasks that the timer's wake-up made ready: an update arriving as the window ends shares it).
+commits it with :meth:`LoopCommit.ride` once done with it (the hub: relayed), without a
+wake-up of its own; else its timer does, after the tasks its wake-up made ready.
 """
 
 from __future__ import annotations
