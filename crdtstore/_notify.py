@@ -114,6 +114,7 @@ class Notifier:
         self._own = ""  # the path of this process's socket
         self._listed: list[str] = []  # the other processes' sockets (see _listeners)
         self._listed_at: int | None = None  # the folder's mtime (ns) when listed
+        self._dir_fd: int | None = None  # the folder, open: fstat, no path walk per commit
         self.polls = 0  # polls made (tests, metrics)
 
     def watch(self, tenant: str, run: str, *, polled: bool = True) -> Watch:
@@ -156,8 +157,11 @@ class Notifier:
         self._wake(tenant, run, seq, own)
         if self._send is None or self._dir is None:
             return
+        listeners = self._listeners()
+        if not listeners:  # (the usual case in a hub: nobody else has the store open)
+            return
         payload = (f"{tenant}\x00{run}" if seq is None else f"{tenant}\x00{run}\x00{seq}").encode()
-        for path in self._listeners():
+        for path in listeners:
             try:
                 self._send.sendto(payload, path)
             except (ConnectionRefusedError, FileNotFoundError):
@@ -225,7 +229,11 @@ class Notifier:
         the file system's timestamp granularity, still changes the mtime seen next."""
         assert self._dir is not None
         try:
-            stamp = os.stat(self._dir).st_mtime_ns
+            fd = self._dir_fd
+            st = os.stat(self._dir) if fd is None else os.fstat(fd)
+            if not st.st_nlink:  # the folder was removed (and maybe made again): by its path
+                st = os.stat(self._dir)
+            stamp = st.st_mtime_ns
             if stamp == self._listed_at:
                 return self._listed
             listed = [e.path for e in os.scandir(self._dir) if e.path != self._own]
@@ -254,6 +262,8 @@ class Notifier:
                         raise
             self._send = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
             self._send.setblocking(False)
+            with contextlib.suppress(OSError):  # (else stat by path)
+                self._dir_fd = os.open(self._dir, os.O_RDONLY | os.O_DIRECTORY)
         except OSError as exc:
             log.warning("cross-process notification unavailable (%s); polling only", exc)
             self._dir = self._path = None
@@ -320,6 +330,9 @@ class Notifier:
             loop.remove_reader(raw.fileno())
 
     def close(self) -> None:
+        if self._dir_fd is not None:
+            os.close(self._dir_fd)
+            self._dir_fd = None
         if self._send is not None:
             self._send.close()
             self._send = None

@@ -577,6 +577,8 @@ class Hub(_RunLoader):
         room = conn.room
         room.broadcast(encode(Update(update)) if frame is None else frame, exclude=conn)
         metrics.update_broadcast(max(0, len(room._targets or ()) - 1))
+        if room.commit is not None and room.commit.ripe:  # (relayed: its batch is due)
+            room.commit.ride()
 
     async def _refuse(self, ws: ServerConnection, code: int, reason: str) -> None:
         """Close a connection that is not served with ``code`` (counted in the metrics)."""

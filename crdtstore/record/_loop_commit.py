@@ -15,8 +15,9 @@ the last one is less than a ``journal_window`` old, a batch waits one window fro
 entry, so the updates arriving meanwhile share its commit (at most one commit per window, no
 entry waiting longer). A waiter (a ``flush``, an unguarded ``append_updates``, a reader in
 :attr:`LoopCommit.readers`, another process with the store open) brings it forward to the
-current iteration; so does an entry queued once the batch is nearly due (it rides on that
-arrival's iteration, not on a wake-up of its own).
+current iteration. An entry queued once the batch is nearly due makes it ripe: the caller
+commits it with :meth:`LoopCommit.ride` once done with it (the hub: relayed), without a
+wake-up of its own; else its timer does, after the tasks its wake-up made ready.
 """
 
 from __future__ import annotations
@@ -96,6 +97,7 @@ class LoopCommit:
         readers: connections that read the record's journal as it grows (a hub's ``ws://``
             clients): while there are any, nothing is deferred. The owner counts them.
         group_commits: commits made on the loop (tests, metrics).
+        ripe: the deferred batch is about due (see :meth:`_ripe`): :meth:`ride` commits it.
     """
 
     def __init__(
@@ -113,6 +115,7 @@ class LoopCommit:
         self.journal_window = journal_window
         self.readers = 0
         self.group_commits = 0
+        self.ripe = False
         self._due = False
         self._timer: Any = None  # the handle of a deferred commit (call_later)
         self._deferred_at = 0.0  # time.monotonic() when the deferred batch's first entry came
@@ -140,17 +143,21 @@ class LoopCommit:
     def queued(self) -> None:
         """The record queued an entry: schedule its commit (the record's ``_enqueue``)."""
         if self._due:
-            if self._timer is not None and (self._rec._fast or self.readers or self._ripe()):
-                # a ws:// append waits for its answer, or a ws:// client reads; or the batch
-                # is about due: committed with this arrival's iteration
-                self.urge()
+            if self._timer is not None:
+                if self._rec._fast or self.readers:
+                    # a ws:// append waits for its answer, or a ws:// client reads
+                    self.urge()
+                elif not self.ripe and self._ripe():
+                    # the batch is about due: committed by :meth:`ride` after this arrival is
+                    # relayed, else (nobody rides) when its timer runs out
+                    self.ripe = True
             return
         self._due = True
         delay = self.deferral()
         if delay > 0.0:
             assert self._call_later is not None
             self._deferred_at = time.monotonic()
-            self._timer = self._call_later(delay, self._commit)
+            self._timer = self._call_later(delay, self._window_end)
         else:
             self._call_soon(self._commit)
 
@@ -185,9 +192,30 @@ class LoopCommit:
             timer.cancel()
             self._call_soon(self._commit)
 
+    def ride(self) -> None:
+        """Commit a deferred batch now if it is about due (:attr:`ripe`): for the caller that
+        queued an entry and is done with what must come before the commit (the hub, after it
+        relayed the update). No callback of its own, no event loop iteration: the commit rides
+        on the arrival's."""
+        if self.ripe:
+            timer, self._timer = self._timer, None
+            if timer is not None:
+                timer.cancel()
+                self._commit()
+            self.ripe = False
+
+    def _window_end(self) -> None:
+        """The deferred batch's timer ran out: commit it after what the same wake-up of the
+        loop made ready. An update that arrived as the window ended is in that commit: asyncio
+        runs the timer before the task that receives the frame, which would else start a batch
+        of its own (a commit more, and a wake-up more, every time they meet)."""
+        if self._timer is not None:
+            self._timer = None
+            self._call_soon(self._commit)
+
     def _commit(self) -> None:
         """Append every queued entry now in one commit; else leave them to the committer."""
-        self._due = False
+        self._due = self.ripe = False
         self._timer = None
         rec = self._rec
         try:

@@ -215,3 +215,32 @@ async def test_the_socket_folder_goes_with_its_last_socket(tmp_path: Path) -> No
         async with open_store(url, tenant=TENANT, poll_interval=POLL) as c:
             assert c._notifier._dir == folder
     assert not folder.exists()
+
+
+async def test_a_folder_removed_and_made_again_is_looked_at_by_its_path(tmp_path: Path) -> None:
+    """The writer keeps its socket folder open and looks at it with ``fstat`` (no path walk
+    per commit). Should the folder be removed (its sockets unlinked from outside) and made
+    again, the open one is a dead directory whose mtime never moves: the writer then looks by
+    path, and a store binding its socket in the new folder is still listed."""
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    async with open_store(url, tenant=TENANT, poll_interval=POLL) as a:
+        notifier = a._notifier
+        folder = notifier._dir
+        assert folder is not None and notifier._dir_fd is not None
+        os.unlink(notifier._own)
+        os.rmdir(folder)
+        folder.mkdir(mode=0o700)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as first:
+            first.bind(str(folder / "1-first"))
+            stamp = time.time_ns() - 2 * _QUIET_NS
+            os.utime(folder, ns=(stamp, stamp))  # quiet: the listing is kept
+            assert notifier._listeners() == [str(folder / "1-first")]
+            assert notifier._listed_at == stamp
+            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as second:
+                second.bind(str(folder / "2-second"))
+                assert sorted(notifier._listeners()) == [
+                    str(folder / "1-first"),
+                    str(folder / "2-second"),
+                ]
+            os.unlink(folder / "2-second")
+        os.unlink(folder / "1-first")

@@ -2,10 +2,12 @@
 
 A batch waits one ``journal_window`` from its first entry (not from the last commit), so a
 steady stream of updates shares fewer commits; an entry queued once the batch is nearly due,
-when the last commit is a window old, commits it in its own iteration (no wake-up of its own
-for the timer). Whatever the arrival times (hypothesis): every entry is committed once, in
-order, none waits longer than one window, and commits are at least a window apart (nobody
-waits for a commit here: no flush, reader or other process).
+when the last commit is a window old, makes it ripe, and the caller's ``ride()`` (the hub's,
+once it relayed the update) commits it at once, in that arrival's iteration (no callback, no
+wake-up of its own for the timer); without a ride the timer commits it. Whatever the arrival
+times, riding or not (hypothesis): every entry is committed once, in order, none waits
+longer than one window, and commits are at least a window apart (nobody waits for a commit
+here: no flush, reader or other process).
 """
 
 from __future__ import annotations
@@ -94,7 +96,7 @@ class FakeRecord:
 
 
 def simulate(
-    monkeypatch: pytest.MonkeyPatch, window: float, arrivals: Sequence[float]
+    monkeypatch: pytest.MonkeyPatch, window: float, arrivals: Sequence[float], ride: bool = True
 ) -> tuple[FakeRecord, Loop]:
     loop = Loop()
     monkeypatch.setattr(
@@ -107,6 +109,10 @@ def simulate(
         rec._pending.append(i)
         rec.queued_at[i] = loop.now
         commit.queued()
+        if ride and commit.ripe:  # (as the hub, once it relayed the update)
+            commits = len(rec.committed)
+            commit.ride()
+            assert len(rec.committed) == commits + 1 and not commit.ripe
         loop.run_soon()
     loop.advance(math.inf)
     return rec, loop
@@ -130,13 +136,54 @@ def test_a_nearly_due_batch_commits_with_the_next_arrival(monkeypatch: pytest.Mo
     assert loop.wakeups == 0
 
 
+def test_a_ripe_batch_nobody_rides_is_committed_by_its_timer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the same arrivals, no ride: each batch waits its whole window (from its first entry)
+    rec, loop = simulate(monkeypatch, 1.0, [i * 0.4 for i in range(10)], ride=False)
+    assert [batch for _, batch in rec.committed] == [[0], [1, 2, 3], [4, 5, 6], [7, 8, 9]]
+    assert [at for at, _ in rec.committed] == pytest.approx([0.0, 1.4, 2.6, 3.8])
+    assert loop.wakeups == 3
+
+
+def test_an_arrival_in_the_timer_s_wake_up_shares_its_commit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # asyncio runs a timer that is due before the task woken by a frame in the same wake-up:
+    # the timer's commit waits for that task (call_soon), so the frame's entry is in it
+    loop = Loop()
+    monkeypatch.setattr(
+        _loop_commit, "time", SimpleNamespace(monotonic=lambda: loop.now, perf_counter=lambda: 0)
+    )
+    rec = FakeRecord(loop)
+    commit = LoopCommit(rec, lambda t, r, e: list(e), loop.call_soon, loop.call_later, 1.0)  # type: ignore[arg-type]
+
+    def arrive(i: int) -> None:
+        rec._pending.append(i)
+        commit.queued()
+
+    arrive(0)
+    loop.run_soon()  # quiet: at once
+    loop.now = 0.5
+    arrive(1)  # deferred: its timer at 1.5
+    loop.now = 1.5
+    when, _, handle = heapq.heappop(loop.timers)
+    assert when == 1.5
+    handle.f()  # the timer, then (same wake-up) the task receiving the next frame
+    arrive(2)
+    loop.run_soon()
+    assert rec.committed == [(0.0, [0]), (1.5, [1, 2])]
+    assert not loop.timers
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     window=st.sampled_from([0.02, 1.0]),
     gaps=st.lists(st.floats(min_value=0.0, max_value=3.0), min_size=1, max_size=40),
+    ride=st.booleans(),
 )
 def test_no_entry_waits_longer_than_a_window_and_commits_are_a_window_apart(
-    window: float, gaps: list[float]
+    window: float, gaps: list[float], ride: bool
 ) -> None:
     arrivals: list[float] = []
     t = 0.0
@@ -144,7 +191,7 @@ def test_no_entry_waits_longer_than_a_window_and_commits_are_a_window_apart(
         t += gap * window
         arrivals.append(t)
     with pytest.MonkeyPatch.context() as m:
-        rec, _ = simulate(m, window, arrivals)
+        rec, _ = simulate(m, window, arrivals, ride)
     order = [i for _, batch in rec.committed for i in batch]
     assert order == list(range(len(arrivals)))  # every entry once, in order
     for at, batch in rec.committed:
