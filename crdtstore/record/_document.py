@@ -359,35 +359,21 @@ class ReplicaDocument(ProvenanceIndex):
         """
         _, name, _, key, stored = ops[0]
         direct = self._direct
-        doc = self.doc
-        if direct is None or direct.doc is not doc:  # (a simulation may swap the document)
-            direct = self._direct = DirectTransaction(doc)
-        wtxn = direct._wtxn
-        if wtxn is None or doc._txn is not None or self._kinds.get(name) != "map":
-            # (a transaction is open, or no internals, or not a map yet: the public API)
+        if direct is None or direct.doc is not self.doc:  # (a simulation may swap the document)
+            direct = self._direct = DirectTransaction(self.doc)
+        if self._kinds.get(name) != "map":
             return self.local(ops, partial(root.__setitem__, key, stored), meta)
         self._captured = None
         self._capturing = True
-        # DirectTransaction.set, inlined (one Python frame less on every local write): keep
-        # the two alike
-        txn = doc._doc.create_transaction()
-        wtxn._txn, wtxn._leases, doc._txn = txn, 1, wtxn
         try:
-            try:
-                root._integrated.insert(txn, key, stored)
-            finally:
-                txn.commit()
-            if doc._exceptions:  # an observer failed (pycrdt's observe wrapper kept it)
-                exceptions = tuple(doc._exceptions)
-                doc._exceptions.clear()
-                raise ExceptionGroup("Observer callback error", exceptions)
+            done = direct.set(root, key, stored)
         except BaseException:
             self.partial_update = self._captured
             raise
         finally:
-            txn.drop()
-            wtxn._txn, wtxn._leases, doc._txn = None, 0, None
             self._capturing = False
+        if not done:  # (a transaction is open, or no internals: the public API)
+            return self.local(ops, partial(root.__setitem__, key, stored), meta)
         keys = self.index.get(name)
         if keys is None:
             keys = self.index[name] = {}
