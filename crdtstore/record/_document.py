@@ -101,23 +101,29 @@ class ReplicaDocument(ProvenanceIndex):
         if self.items.unjournaled:
             self.items.journaled(meta, seq)
 
-    def journaled_many(self, batch: Any, seqs: Any) -> None:
-        if len(batch) < _RUN_MIN or not self._journaled_run(batch, seqs):
+    def journaled_many(self, batch: Any, seqs: Any, columns: Any = None) -> None:
+        """:meth:`ProvenanceIndex.journaled_many`; ``columns``, if not None, are the batch's
+        journal entries by columns as the committer gave them to the backend (its
+        ``_columns``: an item per entry, or one that every entry has)."""
+        if len(batch) < _RUN_MIN or not self._journaled_run(batch, seqs, columns):
             super().journaled_many(batch, seqs)
         if self.items.unjournaled:
             journaled = self.items.journaled
             for (_, _, meta), seq in zip(batch, seqs, strict=True):
                 journaled(meta, seq)
 
-    def _journaled_run(self, batch: list[tuple[bytes, Any, Meta]], seqs: list[int]) -> bool:
+    def _journaled_run(
+        self, batch: list[tuple[bytes, Any, Meta]], seqs: list[int], columns: Any = None
+    ) -> bool:
         """:meth:`journaled_many` of a run of entries of one op each, on one map's keys (every
         key still pointing at its entry) by one writer, in increasing positions after every
         row of the table: the committer's usual batch of single sets, at C speed (no Python
-        step per entry). Returns False, having changed nothing, for any other batch."""
+        step per entry). Returns False, having changed nothing, for any other batch.
+        ``columns`` (see :meth:`journaled_many`) spare taking the ops, names and times."""
         table = self.table
         if (table.seqs and seqs[0] <= table.seqs[-1]) or not _increasing(seqs):
             return False
-        opss = list(map(_second, batch))
+        opss = list(map(_second, batch)) if columns is None else columns[5]
         if not all(opss) or sum(map(len, opss)) != len(opss):  # (not one op each)
             return False
         ops = list(map(_first, opss))
@@ -126,14 +132,20 @@ class ReplicaDocument(ProvenanceIndex):
         metas = list(map(_third, batch))
         agent, source, _, _, run, _ = metas[0]
         n = len(ops)
+        if columns is None:
+            one_writer = (
+                list(map(_first, metas)).count(agent) == n
+                and list(map(_second, metas)).count(source) == n
+                and list(map(_fifth, metas)).count(run) == n
+            )
+        else:  # (a column of one item: every entry has it)
+            one_writer = len(columns[0]) == len(columns[1]) == len(columns[7]) == 1
         if (
             keys is None
             or kind != "map"
+            or not one_writer
             or list(map(_first, ops)).count(kind) != n
             or list(map(_second, ops)).count(name) != n
-            or list(map(_first, metas)).count(agent) != n
-            or list(map(_second, metas)).count(source) != n
-            or list(map(_fifth, metas)).count(run) != n
         ):
             return False
         names = list(map(_fourth, ops))
@@ -144,7 +156,7 @@ class ReplicaDocument(ProvenanceIndex):
         who = table.name_index(agent, source, run)
         tseqs = table.seqs
         tseqs.extend(seqs)
-        table.walls.extend(map(_third, metas))
+        table.walls.extend(map(_third, metas) if columns is None else columns[3])
         table.who.extend(repeat(who, n))
         self.coll_seq[name] = last = seqs[-1]
         if last > self.head:

@@ -216,11 +216,11 @@ class JournalLink(Changes):
                 started = time.perf_counter()
                 durable = self.durability == "durable"
                 by_columns = getattr(self._backend, "append_columns", None)
+                columns = None
                 try:
                     if by_columns is not None and not self._fast:
-                        seqs = await by_columns(
-                            self.tenant, self._jrun, self._columns(batch), durable=durable
-                        )
+                        columns = self._columns(batch)
+                        seqs = await by_columns(self.tenant, self._jrun, columns, durable=durable)
                     else:
                         seqs = await self._backend.append(
                             self.tenant, self._jrun, self._entries(batch), durable=durable
@@ -248,11 +248,11 @@ class JournalLink(Changes):
                     continue
                 backoff = 0.01
                 self._failure = None
-                self._mark_committed(batch, seqs)
+                self._mark_committed(batch, seqs, columns)
                 observer = self._commit_observer
                 if observer is not None:
                     observer("committer", len(seqs), time.perf_counter() - started)
-                del batch, seqs  # do not hold the last batch while idle
+                del batch, seqs, columns  # do not hold the last batch while idle
 
     def _columns(self, batch: _List[tuple[bytes, _List[Op], Meta]]) -> _List[_List[Any]]:
         """The journal entries of ``batch`` (of this record's own, none of ``_fast``) by
@@ -288,15 +288,21 @@ class JournalLink(Changes):
         ]
 
     def _mark_committed(
-        self, batch: _List[tuple[bytes, _List[Op], Meta]], seqs: _List[int]
+        self,
+        batch: _List[tuple[bytes, _List[Op], Meta]],
+        seqs: _List[int],
+        columns: _List[_List[Any]] | None = None,
     ) -> None:
+        """Mark ``batch`` journaled at ``seqs``; ``columns``, if not None, is what
+        :meth:`_columns` made of it (the replica reads its columns instead of taking them
+        again)."""
         pending = self._pending
         if len(pending) == len(batch):  # the usual case: nothing was written meanwhile
             pending.clear()
         else:
             for _ in batch:
                 pending.popleft()
-        self.replica.journaled_many(batch, seqs)
+        self.replica.journaled_many(batch, seqs, columns)
         if seqs and seqs[0] == self.applied_seq + 1 and seqs[-1] == seqs[0] + len(seqs) - 1:
             # nothing of another writer's lies before them: the tail, woken by the notify
             # below, need not read the journal for them (it skips its own entries anyway)

@@ -115,13 +115,19 @@ def _batch(
     start=st.integers(1, 5),
     writers=st.sampled_from([["a", "a"], ["a", "b"]]),
     settle_min=st.sampled_from([4, 4096]),
+    by_columns=st.booleans(),
 )
 def test_journaled_run_matches_the_entry_by_entry_path(
-    writes: list[tuple[int, int]], start: int, writers: list[str], settle_min: int
+    writes: list[tuple[int, int]],
+    start: int,
+    writers: list[str],
+    settle_min: int,
+    by_columns: bool,
 ) -> None:
     """``journaled_many`` of a batch of single sets leaves the provenance index exactly as
     the entry-by-entry loop does, whether it takes the run's path (distinct keys, one
-    writer) or not (a key written twice, two writers), settling or not."""
+    writer) or not (a key written twice, two writers), settling or not, given the batch's
+    columns (as the committer gave them to the backend) or not."""
     fast, plain = Replica(), Replica()
     for replica in (fast, plain):
         replica.settle_min = settle_min
@@ -129,9 +135,17 @@ def test_journaled_run_matches_the_entry_by_entry_path(
     seqs = list(range(start + 1, start + 1 + len(writes)))
     batch = _batch(fast, writes, writers)
     plain_batch = _batch(plain, writes, writers)
-    took = fast._journaled_run(batch, seqs)  # (when it does not, it changes nothing)
+    columns = None
+    if by_columns:
+        columns = _columns(
+            [
+                NewEntry(m.agent, m.source, 7, m.wall_time, u, ops, 0, m.run, m.call)
+                for u, ops, m in batch
+            ]
+        )
+    took = fast._journaled_run(batch, seqs, columns)  # (when it does not, it changes nothing)
     if not took:
-        fast.journaled_many(batch, seqs)
+        fast.journaled_many(batch, seqs, columns)
     ProvenanceIndex.journaled_many(plain, plain_batch, seqs)
     one_writer = len({writers[w] for _, w in writes}) == 1
     assert took == (len({k for k, _ in writes}) == len(writes) and one_writer)
