@@ -247,7 +247,6 @@ class GuardedGroups(WritePipeline):
     async def _decide_group(self) -> None:
         """One group: decide the queued writes inside one authority transaction, then commit
         (see the module docstring)."""
-        queue = self._guard_queue
         txn = _Txn()
         taken: _List[_Waiting] = []
         lock = self._commit_lock
@@ -355,10 +354,8 @@ class GuardedGroups(WritePipeline):
                     self._guard_window = None
                 if window is not None and window.failed is not None:
                     raise window.failed
-                if window is None:  # (no one can join: the queue is all)
-                    quiet = 2
-                else:
-                    quiet = 0 if window.joined > joined else quiet + 1
+                # (no window: no one can join, the queue is all)
+                quiet = 2 if window is None else 0 if window.joined > joined else quiet + 1
             if not queue:
                 break
             crowd = False

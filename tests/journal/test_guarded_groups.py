@@ -262,6 +262,7 @@ async def test_a_lone_guarded_write_takes_five_statements(tmp_path: Path) -> Non
         assert verbs == ["BEGIN", "UPDATE", "INSERT", "INSERT", "COMMIT"], statements
         statements.clear()
         version = m.get_versioned("n")[1]
+        assert version == 2
         await m.delete("gone", expected_version=0)  # (a key never written: nothing to journal)
         assert statements[-1] == "ROLLBACK", statements
         with pytest.raises(StaleVersion):

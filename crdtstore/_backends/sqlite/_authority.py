@@ -66,12 +66,11 @@ _MOVE_HEAD = "UPDATE runs SET head = head + ? WHERE id = ? RETURNING head"
 
 # the journal's JSON encoder (``_dumps``) made once: ``JSONEncoder.encode`` builds it per call,
 # most of the time an entry's short effect takes (no circular check: what fails goes to _dumps)
-_ENCODE = (
+_MAKE = getattr(json.encoder, "c_make_encoder", None)
+_ENCODE: Callable[[Any, int], Any] | None = (
     None
-    if json.encoder.c_make_encoder is None
-    else json.encoder.c_make_encoder(
-        None, None, json.encoder.encode_basestring, None, ":", ",", False, False, True
-    )
+    if _MAKE is None
+    else _MAKE(None, None, json.encoder.encode_basestring, None, ":", ",", False, False, True)
 )
 
 
