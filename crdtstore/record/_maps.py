@@ -9,7 +9,6 @@ from collections.abc import Iterable, Iterator, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from pycrdt import Transaction
 from pydantic import BaseModel
 
 from .._errors import InvalidValue
@@ -20,7 +19,7 @@ from .._names import MAX_KEY_LENGTH, check_key
 from .._values import MAX_SAFE_INT, to_stored
 from ._collections import _MISSING, CollectionHost, _Collection
 from ._document import ReplicaDocument
-from ._pycrdt import _PLAIN, INTERNALS
+from ._pycrdt import DirectRead
 
 if TYPE_CHECKING:
     from .._leases import Lease
@@ -40,36 +39,11 @@ class MapCollection(_Collection):
         return default if value is _MISSING else self._out(value)
 
     def _read(self, key: str) -> Any:
-        """``self._root.get(key, _MISSING)`` in one yrs transaction when none is open (as
-        ``._pycrdt.DirectTransaction`` writes): pycrdt's ``Map.get`` nests three and checks
-        the key twice, most of a read-increment-write's read."""
-        root = self._root
-        doc = root._doc
-        wtxn = self.__dict__.get("_rtxn")
-        if wtxn is None or wtxn._doc is not doc:  # (kept per document)
-            if not INTERNALS or doc is None or doc._allow_multithreading:
-                return root.get(key, _MISSING)
-            wtxn = self.__dict__["_rtxn"] = Transaction(doc)
-        if doc._txn is not None or type(key) is not str:
-            return root.get(key, _MISSING)
-        txn = doc._doc.create_transaction()
-        wtxn._txn, wtxn._leases, doc._txn = txn, 1, wtxn
-        try:
-            try:
-                integrated = root._integrated
-                if not integrated.has(txn, key):
-                    return _MISSING
-                value = integrated.get(txn, key)
-                return value if type(value) in _PLAIN else root._maybe_as_type_or_doc(value)
-            finally:
-                txn.commit()
-                if doc._exceptions:  # (an observer failed: as pycrdt raises it)
-                    exceptions = tuple(doc._exceptions)
-                    doc._exceptions.clear()
-                    raise ExceptionGroup("Observer callback error", exceptions)
-        finally:
-            txn.drop()
-            wtxn._txn, wtxn._leases, doc._txn = None, 0, None
+        """``self._root.get(key, _MISSING)``, in one yrs transaction (``DirectRead``)."""
+        direct = self.__dict__.get("_direct")
+        if direct is None or direct.root is not self._root:  # (kept per root)
+            direct = self.__dict__["_direct"] = DirectRead(self._root)
+        return direct.get(key, _MISSING)
 
     def __getitem__(self, key: str) -> Any:
         value = self._read(key)
