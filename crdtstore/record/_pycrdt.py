@@ -208,10 +208,10 @@ class DirectRead:
 
     def __init__(self, root: Map[Any]) -> None:
         self.root = root
-        doc = root._doc
+        doc: Any = root._doc  # (None: not in a document)
         self.doc = doc
         usable = INTERNALS and doc is not None and not doc._allow_multithreading
-        self._wtxn = Transaction(doc) if usable else None
+        self._wtxn: Any = Transaction(doc) if usable else None
 
     def get(self, key: str, missing: Any) -> Any:
         doc, wtxn, root = self.doc, self._wtxn, self.root
@@ -221,7 +221,7 @@ class DirectRead:
         wtxn._txn, wtxn._leases, doc._txn = txn, 1, wtxn
         try:
             try:
-                integrated = root._integrated
+                integrated: Any = root._integrated
                 if not integrated.has(txn, key):
                     return missing
                 value = integrated.get(txn, key)
