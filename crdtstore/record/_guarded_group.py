@@ -247,7 +247,6 @@ class GuardedGroups(WritePipeline):
     async def _decide_group(self) -> None:
         """One group: decide the queued writes inside one authority transaction, then commit
         (see the module docstring)."""
-        queue = self._guard_queue
         txn = _Txn()
         taken: _List[_Waiting] = []
         lock = self._commit_lock
@@ -262,53 +261,12 @@ class GuardedGroups(WritePipeline):
                 rows = await auth.read(self.applied_seq)
                 if rows:
                     await self._apply_remote(rows)
-                # from the first write applied on, the group is seen through: no cancellation
-                # between a write applied to the document and its journal entry
-                with anyio.CancelScope(shield=True):
-                    window: _Window | None = None  # (made when a group first waits)
-                    crowd = self._guard_crowd > 1
-                    rounds = 0
-                    while rounds < GROUP_ROUNDS and self._txn_task is None:
-                        batch = [w for w in queue if not w.done]
-                        queue.clear()
-                        taken += batch
-                        refused = False
-                        for w in batch:
-                            await self._append_pending(auth, txn)
-                            if not await self._decide(auth, txn, w):
-                                refused = True
-                        if not (refused or crowd or queue):
-                            break
-                        # the refused writers read again and retry, and writers that come
-                        # now (a success's next read) decide at once: into this transaction;
-                        # until two rounds pass with no one (a writer woken with us may run
-                        # after us: trio's order)
-                        quiet = 0
-                        if window is None:
-                            now = getattr(auth, "append_now", None)
-                            if now is not None:
-                                window = _Window(auth, now, txn, taken)
-                        while rounds < GROUP_ROUNDS and quiet < 2 and not queue:
-                            rounds += 1
-                            joined = 0 if window is None else window.joined
-                            self._guard_window = window
-                            try:
-                                await anyio.lowlevel.checkpoint()
-                            finally:
-                                self._guard_window = None
-                            if window is not None and window.failed is not None:
-                                raise window.failed
-                            if window is None:  # (no one can join: the queue is all)
-                                quiet = 2
-                            else:
-                                quiet = 0 if window.joined > joined else quiet + 1
-                        if not queue:
-                            break
-                        crowd = False
-                    self._guard_crowd = len(taken)
-                    if txn.pending == len(txn.entries) and not txn.unchanged:
-                        raise _NothingAccepted  # every write refused: the append is undone
-                    await self._append_pending(auth, txn)  # plain writes made meanwhile
+                lone = self._decide_lone(auth, txn, taken)
+                if lone is not True:
+                    # from the first write applied on, the group is seen through: no
+                    # cancellation between a write applied to the document and its entry
+                    with anyio.CancelScope(shield=True):
+                        await self._decide_rounds(auth, txn, taken, lone is False)
         except _NothingAccepted:
             self._inflight.clear()  # (the committer journals the pending entries)
             return
@@ -323,6 +281,88 @@ class GuardedGroups(WritePipeline):
             lock.release()
         self._inflight.clear()
         self._committed_group(txn)
+
+    def _decide_lone(self, auth: Authority, txn: _Txn, taken: _List[_Waiting]) -> bool | None:
+        """Decide the group's one write with no await when it is alone (no other writer about,
+        nothing pending, no fence) and the authority appends synchronously: True, accepted
+        (the group is done: nothing can cancel it between its apply and its append, so no
+        shield is needed); False, refused (the rounds follow: its retry may join); None, not
+        a lone write (the rounds decide it)."""
+        queue = self._guard_queue
+        if self._guard_crowd > 1 or len(queue) != 1 or self._pending or self._txn_task is not None:
+            return None
+        now = getattr(auth, "append_now", None)
+        w = queue[0]
+        if now is None or w.fence is not None or w.done:
+            return None
+        queue.clear()
+        taken.append(w)
+        made = self._made(txn, w)
+        if made is None:
+            return False
+        update, version = made
+        if update is None:  # it changes nothing: only the guard was checked
+            txn.unchanged.append((w, version))
+        else:
+            entry = (update, w.ops, w.meta)
+            try:
+                (seq,) = now(self._entries([entry]))
+            except BaseException:  # in the document: the committer journals it
+                self._enqueue(update, w.ops, w.meta)
+                raise
+            self._took(txn, w, entry, seq)
+        self._guard_crowd = 1
+        return True
+
+    async def _decide_rounds(
+        self, auth: Authority, txn: _Txn, taken: _List[_Waiting], refused_first: bool
+    ) -> None:
+        """The rounds of a group (see the module docstring), shielded by the caller: decide the
+        queued writes, and those that come while the transaction waits open (a window).
+        ``refused_first``: the group's lone write was refused already (:meth:`_decide_lone`)."""
+        queue = self._guard_queue
+        window: _Window | None = None  # (made when a group first waits)
+        crowd = self._guard_crowd > 1
+        rounds = 0
+        while rounds < GROUP_ROUNDS and self._txn_task is None:
+            batch = [w for w in queue if not w.done]
+            queue.clear()
+            taken += batch
+            refused, refused_first = refused_first, False
+            for w in batch:
+                await self._append_pending(auth, txn)
+                if not await self._decide(auth, txn, w):
+                    refused = True
+            if not (refused or crowd or queue):
+                break
+            # the refused writers read again and retry, and writers that come
+            # now (a success's next read) decide at once: into this transaction;
+            # until two rounds pass with no one (a writer woken with us may run
+            # after us: trio's order)
+            quiet = 0
+            if window is None:
+                now = getattr(auth, "append_now", None)
+                if now is not None:
+                    window = _Window(auth, now, txn, taken)
+            while rounds < GROUP_ROUNDS and quiet < 2 and not queue:
+                rounds += 1
+                joined = 0 if window is None else window.joined
+                self._guard_window = window
+                try:
+                    await anyio.lowlevel.checkpoint()
+                finally:
+                    self._guard_window = None
+                if window is not None and window.failed is not None:
+                    raise window.failed
+                # (no window: no one can join, the queue is all)
+                quiet = 2 if window is None else 0 if window.joined > joined else quiet + 1
+            if not queue:
+                break
+            crowd = False
+        self._guard_crowd = len(taken)
+        if txn.pending == len(txn.entries) and not txn.unchanged:
+            raise _NothingAccepted  # every write refused: the append is undone
+        await self._append_pending(auth, txn)  # plain writes made meanwhile
 
     async def _join_window(self, window: _Window, w: _Waiting) -> int:
         """Decide ``w`` at once in the group under way (the writer read the state that group

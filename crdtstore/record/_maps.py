@@ -19,6 +19,7 @@ from .._names import MAX_KEY_LENGTH, check_key
 from .._values import MAX_SAFE_INT, to_stored
 from ._collections import _MISSING, CollectionHost, _Collection
 from ._document import ReplicaDocument
+from ._pycrdt import DirectRead
 
 if TYPE_CHECKING:
     from .._leases import Lease
@@ -34,11 +35,18 @@ class MapCollection(_Collection):
 
     def get(self, key: str, default: Any = None) -> Any:
         """The value at ``key``, or ``default``."""
-        value = self._root.get(key, _MISSING)
+        value = self._read(key)
         return default if value is _MISSING else self._out(value)
 
+    def _read(self, key: str) -> Any:
+        """``self._root.get(key, _MISSING)``, in one yrs transaction (``DirectRead``)."""
+        direct = self.__dict__.get("_direct")
+        if direct is None or direct.root is not self._root:  # (kept per root)
+            direct = self.__dict__["_direct"] = DirectRead(self._root)
+        return direct.get(key, _MISSING)
+
     def __getitem__(self, key: str) -> Any:
-        value = self._root.get(key, _MISSING)
+        value = self._read(key)
         if value is _MISSING:
             raise KeyError(key)
         return self._out(value)

@@ -293,6 +293,10 @@ class ProvenanceIndex:
     ) -> None:
         """:meth:`journaled` for a committed batch of ``(update, ops, meta)`` entries (the
         committer's path: the same work without a call per entry)."""
+        if len(seqs) == 1:  # (a lone guarded write's group: the loop's setup costs more)
+            _, ops, meta = batch[0]
+            ProvenanceIndex.journaled(self, ops, meta, seqs[0])
+            return
         index, coll_seq, table = self.index, self.coll_seq, self.table
         if seqs:
             table.fit(max(seqs))

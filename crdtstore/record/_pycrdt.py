@@ -199,6 +199,44 @@ def insert_one(root: Any, txn: Any, key: str, value: Any) -> None:
         root[key] = value
 
 
+class DirectRead:
+    """``root.get(key, missing)`` of a map in one yrs transaction when none is open (as
+    :class:`DirectTransaction` writes): pycrdt's ``Map.get`` nests three and checks the key
+    twice, most of a read-increment-write's read. Else the public API."""
+
+    __slots__ = ("_wtxn", "doc", "root")
+
+    def __init__(self, root: Map[Any]) -> None:
+        self.root = root
+        doc: Any = root._doc  # (None: not in a document)
+        self.doc = doc
+        usable = INTERNALS and doc is not None and not doc._allow_multithreading
+        self._wtxn: Any = Transaction(doc) if usable else None
+
+    def get(self, key: str, missing: Any) -> Any:
+        doc, wtxn, root = self.doc, self._wtxn, self.root
+        if wtxn is None or doc._txn is not None or type(key) is not str:
+            return root.get(key, missing)
+        txn = doc._doc.create_transaction()
+        wtxn._txn, wtxn._leases, doc._txn = txn, 1, wtxn
+        try:
+            try:
+                integrated: Any = root._integrated
+                if not integrated.has(txn, key):
+                    return missing
+                value = integrated.get(txn, key)
+                return value if type(value) in _PLAIN else root._maybe_as_type_or_doc(value)
+            finally:
+                txn.commit()
+                if doc._exceptions:  # (an observer failed: as pycrdt raises it)
+                    exceptions = tuple(doc._exceptions)
+                    doc._exceptions.clear()
+                    raise ExceptionGroup("Observer callback error", exceptions)
+        finally:
+            txn.drop()
+            wtxn._txn, wtxn._leases, doc._txn = None, 0, None
+
+
 class DirectTransaction:
     """What ``with doc.transaction(): root[key] = value`` does when no transaction is open,
     without pycrdt's Python frames: a yrs transaction made, committed and dropped while

@@ -27,8 +27,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Sequence
 from typing import Any, Literal, TypeVar
 
 import anyio
@@ -39,7 +38,6 @@ from ..._errors import BackendError, InvalidValue, UnknownRun
 from ..._gc_pause import collector_paused
 from ..._guarded_append import Guard
 from ..._journal import (
-    Authority,
     HistoryRow,
     JournalBackend,
     NewEntry,
@@ -47,7 +45,7 @@ from ..._journal import (
     RunRow,
     SnapshotRow,
 )
-from ._authority import SyncEstimate
+from ._authority import AuthorityScope, SyncEstimate
 from ._authority import _SQLiteAuthority as _SQLiteAuthority
 from ._guarded import FenceCheck, guarded_tx
 from ._inline import _LoopPath
@@ -144,34 +142,10 @@ class SQLiteJournal(_LoopPath, JournalBackend):
         async with self._wlock:
             return await self._call(conn, tx)
 
-    @asynccontextmanager
-    async def authority(self, tenant: str, run: str, *, durable: bool) -> AsyncIterator[Authority]:
+    def authority(self, tenant: str, run: str, *, durable: bool) -> AuthorityScope:
         """The write transaction on the authority connection, on the loop thread but for a
         durable commit (``_authority``); this process's authorities take turns."""
-        rid = await self._run_id(tenant, run)
-        if self._a is None or self._alock is None:
-            raise BackendError("sqlite", "store is not open")
-        async with self._alock:
-            conn = self._a
-            if conn is None:
-                raise BackendError("sqlite", "store is not open")
-            auth = await _SQLiteAuthority.begin(
-                self,
-                conn,
-                tenant,
-                run,
-                rid,
-                durable=durable,
-                retry_first=RETRY_FIRST,
-                retry_max=RETRY_MAX,
-                busy_timeout=BUSY_TIMEOUT,
-            )
-            try:
-                yield auth
-            except BaseException:
-                auth.rollback()
-                raise
-            await auth.commit()
+        return AuthorityScope(self, tenant, run, durable, RETRY_FIRST, RETRY_MAX, BUSY_TIMEOUT)
 
     async def get_config(self, tenant: str, run: str) -> dict[str, Any]:
         rid = await self._run_id(tenant, run)

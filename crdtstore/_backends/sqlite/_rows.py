@@ -117,6 +117,15 @@ def _append_tx(
             raise UnknownRun(tenant, run)
         raise RunClosed(tenant, run, state[0])
     first = row[0] - n + 1
+    _insert_rows(db, rid, first, entries, effects)
+    return list(range(first, first + n))
+
+
+def _insert_rows(
+    db: sqlite3.Connection, rid: int, first: int, entries: Sequence[NewEntry], effects: list[str]
+) -> None:
+    """The journal rows (and their keys) of ``entries`` at positions from ``first`` on (the
+    run's head is moved by the caller)."""
     db.executemany(
         "INSERT INTO journal (run_id, seq, agent, source, client_id, wall_time, upd,"
         " effect, crc, origin, call) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -148,4 +157,3 @@ def _append_tx(
             "INSERT OR IGNORE INTO journal_keys (run_id, collection, key, seq) VALUES (?, ?, ?, ?)",
             keys,
         )
-    return list(range(first, first + n))
