@@ -199,6 +199,14 @@ def insert_one(root: Any, txn: Any, key: str, value: Any) -> None:
         root[key] = value
 
 
+def _raise_observer_failures(doc: Any) -> None:
+    """Raise what observers of ``doc`` failed with, as pycrdt does after a transaction (one
+    ``ExceptionGroup``), and forget it."""
+    exceptions = tuple(doc._exceptions)
+    doc._exceptions.clear()
+    raise ExceptionGroup("Observer callback error", exceptions)
+
+
 class DirectRead:
     """``root.get(key, missing)`` of a map in one yrs transaction when none is open (as
     :class:`DirectTransaction` writes): pycrdt's ``Map.get`` nests three and checks the key
@@ -229,9 +237,7 @@ class DirectRead:
             finally:
                 txn.commit()
                 if doc._exceptions:  # (an observer failed: as pycrdt raises it)
-                    exceptions = tuple(doc._exceptions)
-                    doc._exceptions.clear()
-                    raise ExceptionGroup("Observer callback error", exceptions)
+                    _raise_observer_failures(doc)
         finally:
             txn.drop()
             wtxn._txn, wtxn._leases, doc._txn = None, 0, None
@@ -268,9 +274,7 @@ class DirectTransaction:
             finally:
                 txn.commit()
             if doc._exceptions:  # an observer failed (pycrdt's observe wrapper kept it)
-                exceptions = tuple(doc._exceptions)
-                doc._exceptions.clear()
-                raise ExceptionGroup("Observer callback error", exceptions)
+                _raise_observer_failures(doc)
         finally:
             txn.drop()
             wtxn._txn, wtxn._leases, doc._txn = None, 0, None
@@ -291,9 +295,7 @@ class DirectTransaction:
             finally:
                 txn.commit()
             if doc._exceptions:
-                exceptions = tuple(doc._exceptions)
-                doc._exceptions.clear()
-                raise ExceptionGroup("Observer callback error", exceptions)
+                _raise_observer_failures(doc)
         finally:
             txn.drop()
             wtxn._txn, wtxn._leases, doc._txn = None, 0, None
